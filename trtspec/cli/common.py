@@ -1,0 +1,50 @@
+"""Options and helpers shared by every command group.
+
+Conventions: results go to stdout (one JSON object with ``--json``), logs and
+progress to stderr, and progress is off under ``--json``. A domain error
+(:class:`~trtspec.errors.TrtspecError`) becomes one ``error: ...`` line on
+stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+
+from trtspec.errors import TrtspecError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout; no progress display.")]
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` (one line) to stderr and exit."""
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def domain_errors() -> Iterator[None]:
+    """Turn library errors into one-line CLI errors."""
+    try:
+        yield
+    except TrtspecError as e:
+        fail(str(e))
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def log(message: str, quiet: bool = False) -> None:
+    """A progress/log line on stderr (silenced with ``quiet``, e.g. under ``--json``)."""
+    if not quiet:
+        err_console.print(message, soft_wrap=True)

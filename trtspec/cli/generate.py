@@ -1,0 +1,100 @@
+"""``trtspec generate``: one request, in-process (``--local``) or against a server."""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trtspec.cli.common import JsonOpt, domain_errors, fail, log, print_json
+
+
+class Speculation(str, enum.Enum):
+    on = "on"
+    off = "off"
+
+
+def generate(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.")],
+    local: Annotated[bool, typer.Option("--local", help="Run the models in this process.")] = False,
+    demo: Annotated[bool, typer.Option("--demo", help="Use the embedded demo pair (prepared on first use).")] = False,
+    target: Annotated[Path | None, typer.Option("--target", help="Target checkpoint: HF dir or .gguf.")] = None,
+    draft: Annotated[Path | None, typer.Option("--draft", help="Draft checkpoint: HF dir or .gguf.")] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 128,
+    k: Annotated[int, typer.Option("--k", help="Draft tokens per iteration.")] = 5,
+    speculation: Annotated[Speculation, typer.Option("--speculation", help="on: draft and verify; off: target alone.")] = Speculation.on,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="0 disables top-k.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8")] = "auto",
+    draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8")] = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Generate text for one prompt; streams to stdout (or one JSON object with --json)."""
+    from trtspec.errors import InvalidRequestError
+    from trtspec.runtime.pair import load_pair
+    from trtspec.spec import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
+
+    if not local:
+        fail("only --local is available in this build; pass --local")
+    if demo:
+        if target or draft:
+            fail("--demo and --target/--draft are mutually exclusive")
+        from trtspec.runtime.demo import prepare_demo
+
+        with domain_errors():
+            pair_paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
+        target, draft = pair_paths.target, pair_paths.draft
+    if target is None:
+        fail("--target (or --demo) is required")
+    if k < 0:
+        fail(f"--k must be >= 0, got {k}")
+    use_draft = speculation is Speculation.on and k > 0
+    if use_draft and draft is None:
+        fail("--draft is required with --speculation on (or pass --speculation off)")
+    with domain_errors():
+        pair = load_pair(
+            target,
+            draft if use_draft else None,
+            target_precision=target_precision,  # type: ignore[arg-type]
+            draft_precision=draft_precision,  # type: ignore[arg-type]
+            progress=lambda m: log(m, quiet=json_out),
+        )
+        tok = pair.target.tokenizer
+        if not prompt:
+            raise InvalidRequestError("prompt is empty")
+        request = GenerationRequest(
+            prompt_ids=tuple(tok.encode_prompt(prompt, raw=raw)),
+            stop=StopCriteria(
+                max_new_tokens=max_tokens,
+                eos_token_ids=tok.eos_token_ids(),
+                stop_strings=tuple(stop or ()),
+            ),
+            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        )
+        gen = pair.decoder().stream(request, FixedDraftLength(k if use_draft else 0))
+        for chunk in gen:
+            if not json_out and chunk.text:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+    result = gen.result
+    if json_out:
+        out = result.to_dict()
+        out["models"] = pair.describe()
+        out["k"] = k if use_draft else 0
+        print_json(out)
+    else:
+        sys.stdout.write("\n")
+        s = result.stats
+        rate = f"{s.acceptance_rate:.1%}" if s.acceptance_rate is not None else "n/a"
+        tps = s.emitted_tokens / s.total_time_s if s.total_time_s else 0.0
+        log(
+            f"[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
+            f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}"
+        )

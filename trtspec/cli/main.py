@@ -1,0 +1,32 @@
+"""The ``trtspec`` command: one module per command group, joined here."""
+
+from __future__ import annotations
+
+import typer
+
+from trtspec import __version__
+from trtspec.cli import generate, models
+
+app = typer.Typer(
+    name="trtspec",
+    help="Speculative decoding on Triton Inference Server, safely.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(models.app, name="models")
+app.command("generate")(generate.generate)
+
+
+@app.command("version")
+def version() -> None:
+    """Print the trtspec version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

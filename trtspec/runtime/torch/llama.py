@@ -1,0 +1,334 @@
+"""A lean Llama-family forward pass with a static, per-session KV cache.
+
+Why not ``transformers`` for the hot path: on a few-core CPU its per-layer
+overhead (dynamic cache objects, mask building, module hooks) costs as much as
+the arithmetic for one token. Here a layer is eight tensor ops on weights laid
+out ``[out, in]`` (what ``F.linear`` wants), Q/K/V and gate/up fused into one
+matrix each, and the cache is preallocated and written in place.
+
+Supports ``LlamaForCausalLM`` checkpoints (Llama 2/3, SmolLM, TinyLlama,
+Mistral without sliding window) and ``Qwen2ForCausalLM`` (Q/K/V bias). Other
+architectures go through :mod:`trtspec.runtime.torch.hf`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtspec.errors import CheckpointError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    rope_scaling: Mapping | None = None
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping) -> LlamaConfig:
+        archs = cfg.get("architectures") or []
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise CheckpointError(f"lean runtime supports {SUPPORTED_ARCHITECTURES}, checkpoint is {archs}")
+        if cfg.get("sliding_window") and cfg.get("use_sliding_window", "Mistral" in str(archs)):
+            raise CheckpointError("sliding-window attention is not supported by the lean runtime")
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in (None, "default", "llama3"):
+            raise CheckpointError(f"rope scaling {scaling!r} is not supported by the lean runtime")
+        heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)) or "Qwen2ForCausalLM" in archs,
+            rope_scaling=scaling,
+        )
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """Weight-only int8, per output channel, symmetric: ``w ~= q * scale[:, None]``."""
+
+    q: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out], in the compute dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * self.scale.element_size()
+
+
+Weight = torch.Tensor | Int8Weight
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8: returns ``(q [out, in] int8, scale [out] float32)``.
+
+    ``scale = max|w_row| / 127`` and ``q = round(w / scale)``, so the largest
+    weight of each row maps to exactly +-127. Deterministic, and idempotent on
+    weights that are already ``q * scale``.
+    """
+    assert w.dim() == 2, f"expected a [out, in] matrix, got {tuple(w.shape)}"
+    wf = w.float()
+    scale = wf.abs().amax(dim=1) / 127.0  # [out]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(w, Int8Weight):
+        y = torch.ops.aten._weight_int8pack_mm(x, w.q, w.scale)
+        return y + bias if bias is not None else y
+    return F.linear(x, w, bias)
+
+
+def _nbytes(w: Weight) -> int:
+    return w.nbytes if isinstance(w, Int8Weight) else w.numel() * w.element_size()
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor  # [hidden]
+    w_qkv: Weight  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    b_qkv: torch.Tensor | None  # [(heads + 2 * kv_heads) * head_dim]
+    w_o: Weight  # [hidden, heads * head_dim]
+    mlp_norm: torch.Tensor  # [hidden]
+    w_gate_up: Weight  # [2 * intermediate, hidden]
+    w_down: Weight  # [hidden, intermediate]
+
+
+def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = cfg.rope_scaling
+    if s is not None and s.get("rope_type", s.get("type")) == "llama3":
+        # Llama 3.1 frequency-dependent scaling.
+        factor = s["factor"]
+        low, high = s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+        old_ctx = s.get("original_max_position_embeddings", 8192)
+        low_wl, high_wl = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > low_wl, inv_freq / factor, inv_freq)
+        mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+        inv_freq = torch.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    return inv_freq
+
+
+class LlamaWeights:
+    """The whole model's weights in the layout the forward pass wants.
+
+    ``tensors`` maps HF parameter names to float tensors; a matrix may instead
+    come pre-quantized as ``name`` (int8) plus ``name + "_scale"`` ([out]).
+    With ``int8=True`` every matrix (embedding and LM head included) runs as
+    weight-only int8 with activations in ``dtype``; float matrices are
+    quantized on load with :func:`quantize_int8`.
+    """
+
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        tensors: Mapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: str,
+        int8: bool = False,
+    ):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.int8 = int8
+        if int8 and (dtype != torch.bfloat16 or self.device.type != "cpu"):
+            raise CheckpointError("int8 weight-only compute runs on CPU with bfloat16 activations")
+
+        def raw(name: str) -> torch.Tensor:
+            t = tensors.get(name)
+            if t is None:
+                raise CheckpointError(f"checkpoint lacks tensor {name!r}")
+            return t
+
+        def vec(name: str) -> torch.Tensor:
+            return raw(name).to(device=self.device, dtype=dtype).contiguous()
+
+        def mat(*names: str) -> Weight:
+            parts = []
+            for name in names:
+                t = raw(name)
+                if t.dtype == torch.int8:
+                    parts.append((t, raw(name + "_scale").float()))
+                elif int8:
+                    parts.append(quantize_int8(t))
+                else:
+                    parts.append((t, None))
+            if all(sc is None for _, sc in parts):
+                return torch.cat([t for t, _ in parts]).to(device=self.device, dtype=dtype).contiguous()
+            if not int8:  # pre-quantized checkpoint run in a float dtype: dequantize
+                return torch.cat([t.float() * sc[:, None] for t, sc in parts]).to(self.device, dtype).contiguous()
+            q = torch.cat([t for t, _ in parts]).contiguous()
+            scale = torch.cat([sc for _, sc in parts]).to(dtype)
+            return Int8Weight(q=q, scale=scale)
+
+        def maybe_vec(name: str) -> torch.Tensor | None:
+            return vec(name) if name in tensors else None
+
+        self.embed = mat("model.embed_tokens.weight")  # [vocab, hidden]
+        self.layers: list[_Layer] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            biases = [maybe_vec(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+            self.layers.append(
+                _Layer(
+                    attn_norm=vec(p + "input_layernorm.weight"),
+                    w_qkv=mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+                    b_qkv=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+                    w_o=mat(p + "self_attn.o_proj.weight"),
+                    mlp_norm=vec(p + "post_attention_layernorm.weight"),
+                    w_gate_up=mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    w_down=mat(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.norm = vec("model.norm.weight")
+        if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = mat("lm_head.weight")  # [vocab, hidden]
+        inv_freq = _rope_inv_freq(cfg)
+        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float64)
+        freqs = torch.outer(pos, inv_freq)  # [max_pos, head_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [max_pos, head_dim]
+        # RoPE tables in the compute dtype, as HF casts them.
+        self.cos = emb.cos().to(device=self.device, dtype=dtype)
+        self.sin = emb.sin().to(device=self.device, dtype=dtype)
+
+    def nbytes(self) -> int:
+        """Bytes of weights held (a tied LM head counted once)."""
+        weights: list[Weight] = [self.embed, self.norm]
+        if self.lm_head is not self.embed:
+            weights.append(self.lm_head)
+        for layer in self.layers:
+            weights += [t for t in vars(layer).values() if t is not None]
+        return sum(_nbytes(w) for w in weights)
+
+
+def _embed(ids: torch.Tensor, w: Weight) -> torch.Tensor:
+    if isinstance(w, Int8Weight):
+        return F.embedding(ids, w.q).to(w.scale.dtype) * w.scale[ids][:, None]
+    return F.embedding(ids, w)
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # As HF Llama: normalise in float32, scale in the compute dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class KVCache:
+    """Keys and values of one sequence: ``[layers, kv_heads, capacity, head_dim]`` each."""
+
+    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, capacity: int):
+        shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, needed: int, limit: int) -> None:
+        """Grow (doubling, up to ``limit``) so that ``needed`` tokens fit."""
+        if needed <= self.capacity:
+            return
+        new_cap = min(limit, max(needed, 2 * self.capacity))
+        shape = (*self.k.shape[:2], new_cap, self.k.shape[3])
+        k = self.k.new_zeros(shape)
+        v = self.v.new_zeros(shape)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+def forward(
+    w: LlamaWeights,
+    cache: KVCache,
+    token_ids: Sequence[int],
+    num_logits: int,
+) -> torch.Tensor:
+    """Append ``token_ids`` at ``cache.length`` and return ``[num_logits, vocab]`` float32 logits."""
+    cfg = w.cfg
+    n = len(token_ids)
+    assert n > 0 and 0 <= num_logits <= n
+    start = cache.length
+    end = start + n
+    cache.reserve(end, cfg.max_position_embeddings)
+    ids = torch.as_tensor(token_ids, dtype=torch.int64, device=w.device)
+    x = _embed(ids, w.embed)  # [n, hidden]
+    cos = w.cos[start:end]  # [n, head_dim]
+    sin = w.sin[start:end]
+    nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    if n > 1:
+        # Query i (absolute position start + i) sees keys 0..start + i.
+        q_pos = torch.arange(start, end, device=w.device)[:, None]
+        mask = torch.arange(end, device=w.device)[None, :] <= q_pos  # [n, end]
+    else:
+        mask = None
+    eps = cfg.rms_norm_eps
+    for li, layer in enumerate(w.layers):
+        h = _rms_norm(x, layer.attn_norm, eps)
+        qkv = _linear(h, layer.w_qkv, layer.b_qkv)  # [n, (nh + 2 nkv) hd]
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = q.view(n, nh, hd).transpose(0, 1)  # [nh, n, hd]
+        k = k.view(n, nkv, hd).transpose(0, 1)  # [nkv, n, hd]
+        v = v.view(n, nkv, hd).transpose(0, 1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.k[li, :, start:end] = k
+        cache.v[li, :, start:end] = v
+        keys = cache.k[li, :, :end]  # [nkv, end, hd]
+        values = cache.v[li, :, :end]
+        attn = F.scaled_dot_product_attention(
+            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=nh != nkv
+        )  # [1, nh, n, hd]
+        x = x + _linear(attn[0].transpose(0, 1).reshape(n, nh * hd), layer.w_o)
+        h = _rms_norm(x, layer.mlp_norm, eps)
+        gate, up = _linear(h, layer.w_gate_up).chunk(2, dim=-1)
+        x = x + _linear(F.silu(gate) * up, layer.w_down)
+    cache.length = end
+    if num_logits == 0:
+        return torch.empty((0, cfg.vocab_size), dtype=torch.float32)
+    x = _rms_norm(x[n - num_logits :], w.norm, eps)
+    return _linear(x, w.lm_head).float()

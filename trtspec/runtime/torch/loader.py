@@ -1,0 +1,192 @@
+"""Load a checkpoint (HF directory or ``.gguf`` file) into a runtime.
+
+Precision ``auto`` runs what the checkpoint says: an int8 checkpoint (int8
+tensors, or ``trtspec_quantization`` in ``config.json``) as weight-only int8
+with bfloat16 activations, anything else in float32 on CPU and bfloat16 on CUDA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from trtspec.errors import CheckpointError
+from trtspec.paths import cache_dir
+from trtspec.runtime.tokenizer import Tokenizer
+from trtspec.runtime.torch.hf import HFCausalLM
+from trtspec.runtime.torch.lean import LeanLlamaLM
+from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights
+
+Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+Impl = Literal["auto", "lean", "hf"]
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+QUANT_KEY = "trtspec_quantization"
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    lm: LeanLlamaLM | HFCausalLM
+    tokenizer: Tokenizer
+    path: Path  # the HF directory actually loaded (a converted GGUF lands in the cache)
+    precision: str  # fp32 | bf16 | fp16 | int8
+    impl: str  # lean | hf
+    config: dict = field(repr=False, default_factory=dict)
+    load_time_s: float = 0.0
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.lm.weight_bytes()
+
+
+def resolve_device(device: str = "auto") -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise CheckpointError("device 'cuda' asked for, but no CUDA device is available")
+    return device
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' own progress bars and info logs (we report progress ourselves)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def read_config(path: Path) -> dict:
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{path} is not a model directory: config.json is missing")
+    try:
+        return json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the safetensors files in ``path`` (sharded or not)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path} holds no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors
+
+
+def gguf_to_hf_dir(gguf: Path, progress: Callable[[str], None] | None = None, out: Path | None = None) -> Path:
+    """Dequantize a ``.gguf`` file into an HF safetensors directory, once (cached)."""
+    if out is None:
+        st = gguf.stat()
+        key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        out = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file() and list(out.glob("*.safetensors")):
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet_transformers()
+    if progress:
+        progress(f"converting {gguf.name} to safetensors (once; cached in {out})")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:
+        raise CheckpointError(f"cannot read GGUF file {gguf}: {e}") from e
+    # The weights are now plain float32; drop the GGUF quantizer so they save as such.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def resolve_checkpoint(path: str | Path, progress: Callable[[str], None] | None = None) -> Path:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"checkpoint not found: {p}")
+    if p.is_file():
+        if p.suffix == ".gguf":
+            return gguf_to_hf_dir(p, progress)
+        raise CheckpointError(f"{p} is a file but not a .gguf checkpoint; pass an HF directory or a .gguf file")
+    read_config(p)
+    return p
+
+
+def checkpoint_precision(cfg: dict) -> str | None:
+    q = cfg.get(QUANT_KEY)
+    if isinstance(q, dict) and q.get("method") == "int8_weight_only":
+        return "int8"
+    return None
+
+
+def load_model(
+    path: str | Path,
+    precision: Precision = "auto",
+    device: str = "auto",
+    impl: Impl = "auto",
+    max_context: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> LoadedModel:
+    """Load ``path`` into the lean runtime (Llama family) or the HF runtime."""
+    if precision not in PRECISIONS:
+        raise CheckpointError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    t0 = time.perf_counter()
+    hf_dir = resolve_checkpoint(path, progress)
+    cfg = read_config(hf_dir)
+    dev = resolve_device(device)
+    if precision == "auto":
+        precision = checkpoint_precision(cfg) or ("fp32" if dev == "cpu" else "bf16")
+    archs = cfg.get("architectures") or []
+    lean_ok = any(a in SUPPORTED_ARCHITECTURES for a in archs)
+    if impl == "auto":
+        impl = "lean" if lean_ok else "hf"
+    if impl == "lean" and not lean_ok:
+        raise CheckpointError(f"the lean runtime runs {SUPPORTED_ARCHITECTURES}; {hf_dir} is {archs}")
+    if precision == "int8" and impl != "lean":
+        raise CheckpointError("int8 weight-only runs on the lean runtime only (Llama-family checkpoints)")
+    tokenizer = Tokenizer.from_dir(hf_dir)
+    if impl == "lean":
+        lcfg = LlamaConfig.from_hf(cfg)
+        tensors = read_tensors(hf_dir)
+        dtype = torch.bfloat16 if precision == "int8" else _DTYPES[precision]
+        weights = LlamaWeights(lcfg, tensors, dtype, dev, int8=precision == "int8")
+        del tensors
+        lm: LeanLlamaLM | HFCausalLM = LeanLlamaLM(weights, max_context=max_context)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        quiet_transformers()
+        try:
+            module = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=_DTYPES[precision]).to(dev)
+        except Exception as e:
+            raise CheckpointError(f"transformers cannot load {hf_dir}: {e}") from e
+        lm = HFCausalLM(module, max_context=max_context)
+    return LoadedModel(
+        lm=lm,
+        tokenizer=tokenizer,
+        path=hf_dir,
+        precision=precision,
+        impl=impl,
+        config=cfg,
+        load_time_s=time.perf_counter() - t0,
+    )

@@ -1,0 +1,260 @@
+"""The draft-verify loop.
+
+One iteration, with ``L`` committed tokens (prompt + output) and ``k`` chosen
+by the policy:
+
+1. draft: feed the draft the committed tokens its cache lacks, then propose
+   ``x_1..x_k`` one token at a time (``q_i`` kept when sampling);
+2. verify: feed the target the committed tokens its cache lacks plus
+   ``x_1..x_k`` in ONE forward pass, giving ``k + 1`` distributions;
+3. accept: greedy or rejection sampling keeps ``n`` drafts and yields one more
+   token (correction or bonus);
+4. commit ``x_1..x_n, y`` through the stop checker, then roll both caches back
+   to the ``L + n`` tokens they hold validly (``y`` is fed next iteration).
+
+``k == 0`` is a plain target decoding step through the same code path, so
+"target alone" and "speculative" differ only in the policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+from trtspec.errors import ContextOverflowError, IncompatibleModelsError
+from trtspec.spec.acceptance import greedy_verify, rejection_sample, sample, warp_probs
+from trtspec.spec.policy import FixedDraftLength
+from trtspec.spec.protocols import Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
+from trtspec.spec.stopping import StopChecker
+from trtspec.spec.types import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    IterationOutcome,
+    SpecStats,
+    StreamChunk,
+)
+
+Clock = Callable[[], float]
+
+
+class SpeculativeDecoder:
+    """Runs requests on a target model, speculating with a draft model when given one."""
+
+    def __init__(
+        self,
+        target: LanguageModel,
+        draft: LanguageModel | None = None,
+        detokenizer: Detokenizer | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise IncompatibleModelsError(
+                f"draft vocabulary has {draft.vocab_size} entries, target has {target.vocab_size}"
+            )
+        self.target = target
+        self.draft = draft
+        self.detokenizer = detokenizer
+        self.clock = clock
+
+    def stream(
+        self,
+        request: GenerationRequest,
+        policy: DraftLengthPolicy | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Generation:
+        """Start ``request``; iterate the returned object for :class:`StreamChunk`s."""
+        request.validate(self.target.vocab_size)
+        if len(request.prompt_ids) >= self.target.max_context:
+            raise ContextOverflowError(
+                f"prompt has {len(request.prompt_ids)} tokens; the context window holds "
+                f"{self.target.max_context}, leaving no room to generate"
+            )
+        return Generation(self, request, policy or FixedDraftLength(0), cancelled or (lambda: False))
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        policy: DraftLengthPolicy | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> GenerationResult:
+        """Run ``request`` to the end and return the whole result."""
+        gen = self.stream(request, policy, cancelled)
+        for _ in gen:
+            pass
+        return gen.result
+
+
+class Generation(Iterator[StreamChunk]):
+    """A running request: iterate for chunks; ``result`` once exhausted."""
+
+    def __init__(
+        self,
+        decoder: SpeculativeDecoder,
+        request: GenerationRequest,
+        policy: DraftLengthPolicy,
+        cancelled: Callable[[], bool],
+    ) -> None:
+        self._dec = decoder
+        self.request = request
+        self._policy = policy
+        self._cancelled = cancelled
+        self.stats = SpecStats(prompt_tokens=len(request.prompt_ids))
+        self.draft_error: BaseException | None = None
+        self._checker = StopChecker(request.stop, decoder.detokenizer)
+        self._it = self._run()
+
+    def __next__(self) -> StreamChunk:
+        return next(self._it)
+
+    def close(self) -> None:
+        """Stop early (frees both KV caches)."""
+        self._it.close()
+        self._checker.finish(FinishReason.CANCELLED)
+
+    @property
+    def finished(self) -> bool:
+        return self._checker.done
+
+    @property
+    def result(self) -> GenerationResult:
+        if not self._checker.done:
+            raise RuntimeError("generation has not finished; iterate it first")
+        assert self._checker.finish_reason is not None
+        return GenerationResult(
+            token_ids=list(self._checker.token_ids),
+            text=self._checker.text(),
+            finish_reason=self._checker.finish_reason,
+            stats=self.stats,
+        )
+
+    # -- the loop ---------------------------------------------------------
+
+    def _run(self) -> Iterator[StreamChunk]:
+        dec, req, clock = self._dec, self.request, self._dec.clock
+        sp = req.sampling
+        gen = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else None
+        tokens = list(req.prompt_ids)
+        max_ctx = dec.target.max_context
+        target = dec.target.new_session(req.request_id)
+        draft: LMSession | None = None
+        started = clock()
+        try:
+            if dec.draft is not None:
+                max_ctx_draft = dec.draft.max_context
+                draft = dec.draft.new_session(req.request_id)
+            while True:
+                if self._cancelled():
+                    self._checker.finish(FinishReason.CANCELLED)  # exit: cancelled by the client
+                    break
+                room = max_ctx - len(tokens)  # tokens we may still append
+                if room <= 0:
+                    self._checker.finish(FinishReason.CONTEXT)  # exit: context window full
+                    break
+                budget = req.stop.max_new_tokens - len(self._checker.token_ids)
+                k = self._policy.next_k() if draft is not None else 0
+                # Never draft what could not be emitted: one token of every
+                # iteration is the correction/bonus token.
+                k = max(0, min(k, budget - 1, room - 1))
+                if draft is not None:
+                    k = min(k, max(0, max_ctx_draft - len(tokens)))
+
+                # 1. draft
+                t0 = clock()
+                drafted: list[int] = []
+                q_rows: list[torch.Tensor] = []
+                if k > 0 and draft is not None:
+                    try:
+                        self._propose(draft, tokens, k, drafted, q_rows, gen)
+                    except Exception as e:  # any draft failure: continue on the target alone
+                        self.draft_error = e
+                        self.stats.draft_errors += 1
+                        _close_quietly(draft)
+                        draft = None
+                        drafted, q_rows = [], []
+                        k = 0
+                t1 = clock()
+
+                # 2. verify: committed tokens the target lacks + drafts, ONE pass
+                base = len(tokens)
+                logits = target.forward(tokens[target.num_cached :] + drafted, k + 1)  # [k+1, vocab]
+                # 3. accept
+                x = torch.tensor(drafted, dtype=torch.int64)  # [k]
+                if sp.greedy:
+                    n_acc, nxt = greedy_verify(x, logits)
+                    bonus = k > 0 and n_acc == k
+                else:
+                    p = warp_probs(logits, sp)  # [k+1, vocab]
+                    q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[1]))
+                    n_acc, nxt, bonus = rejection_sample(x, q, p, gen)
+                t2 = clock()
+
+                # 4. commit through the stop checker, then roll caches back
+                new = drafted[:n_acc] + [nxt]
+                emitted: list[int] = []
+                for tok in new:
+                    emitted.append(tok)
+                    if self._checker.offer(tok):
+                        break  # nothing past a stop is emitted
+                tokens.extend(emitted)
+                target.truncate(base + n_acc)
+                if draft is not None and draft.num_cached > base + n_acc:
+                    draft.truncate(base + n_acc)
+
+                outcome = IterationOutcome(
+                    k=k,
+                    accepted=n_acc,
+                    emitted=len(emitted),
+                    bonus=bonus,
+                    context_len=base,
+                    draft_time_s=t1 - t0,
+                    verify_time_s=t2 - t1,
+                )
+                self.stats.observe(outcome)
+                self._policy.observe(outcome)
+                if self.stats.time_to_first_token_s is None:
+                    self.stats.time_to_first_token_s = clock() - started
+                self.stats.total_time_s = clock() - started
+                yield StreamChunk(tuple(emitted), self._checker.take_new_text())
+                if self._checker.done:
+                    break  # exit: EOS / stop token / stop string / max new tokens
+            tail = self._checker.take_new_text()
+            if tail:
+                yield StreamChunk((), tail)
+        finally:
+            self.stats.total_time_s = clock() - started
+            _close_quietly(target)
+            if draft is not None:
+                _close_quietly(draft)
+
+    def _propose(
+        self,
+        draft: LMSession,
+        tokens: list[int],
+        k: int,
+        drafted: list[int],
+        q_rows: list[torch.Tensor],
+        gen: torch.Generator | None,
+    ) -> None:
+        """Draft ``k`` tokens after ``tokens``; appends to ``drafted`` (and ``q_rows`` when sampling)."""
+        sp = self.request.sampling
+        logits = draft.forward(tokens[draft.num_cached :], 1)  # [1, vocab]
+        for i in range(k):
+            if sp.greedy:
+                tok = int(logits[0].argmax())
+            else:
+                q = warp_probs(logits, sp)[0]  # [vocab]
+                tok = sample(q, gen)
+                q_rows.append(q)
+            drafted.append(tok)
+            if i < k - 1:
+                logits = draft.forward([tok], 1)
+
+
+def _close_quietly(session: LMSession) -> None:
+    try:
+        session.close()
+    except Exception:  # closing must never mask the loop's own outcome
+        pass

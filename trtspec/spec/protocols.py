@@ -1,0 +1,91 @@
+"""The contracts between the draft-verify loop and everything it drives.
+
+The loop knows nothing of torch modules, Triton or HTTP: it talks to a model
+through :class:`LanguageModel` / :class:`LMSession`, picks ``k`` through a
+:class:`DraftLengthPolicy`, and turns ids into text through a
+:class:`Detokenizer`. In-process runtimes, BLS-backed proxies inside Triton and
+the replay fakes of the tests all implement the same three small protocols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from trtspec.spec.types import IterationOutcome
+
+
+@runtime_checkable
+class LMSession(Protocol):
+    """One sequence's view of a model: its KV cache and the calls that move it.
+
+    Invariant: the cache holds exactly the first ``num_cached`` tokens of the
+    sequence the loop has fed it; ``forward`` appends, ``truncate`` rolls back.
+    """
+
+    @property
+    def num_cached(self) -> int:
+        """Tokens currently held in the KV cache."""
+        ...
+
+    def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
+        """Append ``token_ids`` to the cache in ONE forward pass.
+
+        Returns float32 logits ``[num_logits, vocab]`` for the last
+        ``num_logits`` of the appended positions (row ``i`` predicts the token
+        after position ``len(token_ids) - num_logits + i``). ``num_logits`` may be 0.
+        """
+        ...
+
+    def truncate(self, length: int) -> None:
+        """Drop cached tokens beyond ``length``; afterwards ``num_cached == length``.
+
+        The next ``forward`` must give the logits a fresh prefill of the same
+        tokens would (within float tolerance).
+        """
+        ...
+
+    def close(self) -> None:
+        """Free the cache. The session must not be used afterwards."""
+        ...
+
+
+@runtime_checkable
+class LanguageModel(Protocol):
+    """A model the loop can open sequences on."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the logits ``forward`` returns."""
+        ...
+
+    @property
+    def max_context(self) -> int:
+        """Most tokens one sequence may hold."""
+        ...
+
+    def new_session(self, session_id: str = "") -> LMSession:
+        ...
+
+
+@runtime_checkable
+class DraftLengthPolicy(Protocol):
+    """Chooses ``k`` (tokens to draft) before each iteration; learns from its outcome.
+
+    ``k == 0`` means a plain target step for that iteration.
+    """
+
+    def next_k(self) -> int:
+        ...
+
+    def observe(self, outcome: IterationOutcome) -> None:
+        ...
+
+
+@runtime_checkable
+class Detokenizer(Protocol):
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``, special tokens skipped."""
+        ...

@@ -1,0 +1,1 @@
+"""Test and warm-up helpers shipped with the package (tiny models, fakes)."""
