@@ -85,7 +85,7 @@ def make_tiny_llama(
         cfg_dict = json.loads((Path(base) / "config.json").read_text())
         config = LlamaConfig.from_dict(cfg_dict)
     else:
-        config = LlamaConfig(**tiny_config(vocab, **config_overrides))
+        config = LlamaConfig(**tiny_config(**{"vocab_size": vocab, **config_overrides}))
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     if base is not None:

@@ -7,6 +7,7 @@ overhead), but it runs every architecture transformers knows. Rollback is
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -38,7 +39,7 @@ class HFSession:
         with torch.inference_mode():
             out = self._model.module(
                 input_ids=ids,
-                past_key_values=self._cache,
+                **{self._model.cache_kwarg: self._cache},
                 use_cache=True,
                 cache_position=positions,
                 logits_to_keep=max(num_logits, 1),
@@ -53,7 +54,8 @@ class HFSession:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot truncate a cache of {self._length} tokens to {length}")
         if length < self._length:
-            self._cache.crop(length)
+            # A negative count removes that many tokens, in transformers 4.x and 5.x alike.
+            self._cache.crop(length - self._length)
         self._length = length
 
     def close(self) -> None:
@@ -70,6 +72,9 @@ class HFCausalLM:
         limit = int(getattr(cfg, "max_position_embeddings", 0) or 2048)
         self._max_context = min(max_context or limit, limit)
         self.device = next(module.parameters()).device
+        # transformers renamed ``past_key_values`` to ``cache`` in 5.x.
+        params = inspect.signature(module.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def vocab_size(self) -> int:

@@ -132,11 +132,25 @@ def resolve_checkpoint(path: str | Path, progress: Callable[[str], None] | None 
     return p
 
 
-def checkpoint_precision(cfg: dict) -> str | None:
+def checkpoint_precision(cfg: dict, path: Path | None = None) -> str | None:
+    """``int8`` for an int8 checkpoint (``trtspec_quantization`` in the config, or int8 tensors in ``path``)."""
     q = cfg.get(QUANT_KEY)
     if isinstance(q, dict) and q.get("method") == "int8_weight_only":
         return "int8"
+    if path is not None and _has_int8_tensors(path):
+        return "int8"
     return None
+
+
+def _has_int8_tensors(path: Path) -> bool:
+    """Whether any safetensors file in ``path`` holds an int8 tensor (reads headers only)."""
+    from safetensors import safe_open
+
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            if any(st.get_slice(name).get_dtype() == "I8" for name in st.keys()):
+                return True
+    return False
 
 
 def load_model(
@@ -155,7 +169,7 @@ def load_model(
     cfg = read_config(hf_dir)
     dev = resolve_device(device)
     if precision == "auto":
-        precision = checkpoint_precision(cfg) or ("fp32" if dev == "cpu" else "bf16")
+        precision = checkpoint_precision(cfg, hf_dir) or ("fp32" if dev == "cpu" else "bf16")
     archs = cfg.get("architectures") or []
     lean_ok = any(a in SUPPORTED_ARCHITECTURES for a in archs)
     if impl == "auto":

@@ -1,0 +1,69 @@
+"""`trtspec generate --local` and `trtspec models` through the real Typer app."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from trtspec.cli.main import app
+from trtspec.runtime.pair import load_pair
+from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+
+runner = CliRunner()
+
+
+def test_generate_json_matches_the_target_alone(tiny_target, tiny_draft):
+    args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft),
+            "--prompt", "The quick brown fox", "--max-tokens", "16", "--k", "3", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out) >= {"text", "token_ids", "stats", "finish_reason"}
+    assert len(out["token_ids"]) == 16 and out["finish_reason"] == "length"
+    assert out["stats"]["drafted_tokens"] > 0 and out["k"] == 3
+    pair = load_pair(tiny_target, None)
+    ids = pair.target.tokenizer.encode_prompt("The quick brown fox")
+    ref = pair.decoder().generate(GenerationRequest(tuple(ids), StopCriteria(16)), FixedDraftLength(0))
+    assert out["token_ids"] == ref.token_ids
+    assert out["text"] == ref.text
+
+
+def test_generate_streams_text_to_stdout(tiny_target):
+    res = runner.invoke(app, ["generate", "--local", "--target", str(tiny_target), "--speculation", "off",
+                              "--prompt", "Hello world", "--max-tokens", "8"])
+    assert res.exit_code == 0, res.output
+    pair = load_pair(tiny_target, None)
+    ids = pair.target.tokenizer.encode_prompt("Hello world")
+    ref = pair.decoder().generate(GenerationRequest(tuple(ids), StopCriteria(8)))
+    assert res.stdout == ref.text + "\n"
+
+
+def test_generate_sampling_is_reproducible_with_a_seed(tiny_target, tiny_draft):
+    args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt", "Hello",
+            "--max-tokens", "12", "--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--seed", "7", "--json"]
+    a = json.loads(runner.invoke(app, args).stdout)
+    b = json.loads(runner.invoke(app, args).stdout)
+    assert a["token_ids"] == b["token_ids"]
+
+
+def _error_line(res) -> str:
+    return res.output.strip().splitlines()[-1]
+
+
+def test_bad_inputs_give_one_line_errors(tiny_target, tiny_draft, tmp_path):
+    base = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft)]
+    cases = [
+        (base + ["--prompt", "hi", "--max-tokens", "0"], "max_tokens must be > 0"),
+        (base + ["--prompt", "", "--max-tokens", "4"], "prompt is empty"),
+        (base + ["--prompt", "hi", "--k", "-1"], "--k must be >= 0"),
+        (base + ["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["generate", "--local", "--target", str(tmp_path / "missing"), "--prompt", "hi", "--speculation", "off"],
+         "checkpoint not found"),
+        (["generate", "--local", "--target", str(tiny_target), "--prompt", "hi"], "--draft is required"),
+    ]
+    for args, msg in cases:
+        res = runner.invoke(app, args)
+        assert res.exit_code != 0, args
+        assert msg in _error_line(res), (args, res.output)
+        assert "Traceback" not in res.output

@@ -1,0 +1,133 @@
+"""The torch runtimes: logits against transformers, KV rollback, int8, loading errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from trtspec.errors import CheckpointError, IncompatibleModelsError
+from trtspec.runtime.pair import load_pair
+from trtspec.runtime.torch.llama import quantize_int8
+from trtspec.runtime.torch.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def hf_target(tiny_target):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+PROMPT = [5, 17, 33, 2, 99, 150, 7, 8, 9, 300, 11]
+
+
+@pytest.mark.parametrize("impl", ["lean", "hf"])
+def test_logits_match_transformers(tiny_target, hf_target, impl):
+    m = load_model(tiny_target, "fp32", impl=impl)
+    s = m.lm.new_session()
+    ours = s.forward(PROMPT, len(PROMPT))  # [n, vocab]
+    torch.testing.assert_close(ours, hf_logits(hf_target, PROMPT), atol=2e-4, rtol=1e-4)
+    # then token by token (decode path) and several at once (verify path)
+    more = [4, 40, 41, 42]
+    step = s.forward(more[:1], 1)
+    multi = s.forward(more[1:], 3)
+    ref = hf_logits(hf_target, PROMPT + more)
+    torch.testing.assert_close(step[0], ref[len(PROMPT)], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(multi, ref[-3:], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["lean", "hf"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_rollback_equals_fresh_prefill(tiny_target, impl, precision):
+    m = load_model(tiny_target, precision, impl=impl)
+    a = m.lm.new_session()
+    a.forward(PROMPT, 0)
+    a.forward([1, 2, 3, 4, 5], 5)  # draft tokens, then reject the last 4
+    a.truncate(len(PROMPT) + 1)
+    assert a.num_cached == len(PROMPT) + 1
+    after_rollback = a.forward([77, 78], 2)
+    b = m.lm.new_session()
+    fresh = b.forward(PROMPT + [1, 77, 78], 2)
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    torch.testing.assert_close(after_rollback, fresh, atol=tol, rtol=tol)
+
+
+def test_kv_cache_grows_past_its_initial_capacity(tiny_target):
+    m = load_model(tiny_target, "fp32")
+    m.lm.initial_capacity = 8
+    s = m.lm.new_session()
+    ids = list(range(3, 60))
+    out = torch.cat([s.forward(ids[:5], 5), s.forward(ids[5:30], 25), s.forward(ids[30:], len(ids) - 30)])
+    fresh = m.lm.new_session().forward(ids, len(ids))
+    torch.testing.assert_close(out, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_quantize_int8_roundtrip_and_idempotence():
+    w = torch.randn(64, 32)
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.shape == (64,)
+    assert int(q.abs().max()) == 127
+    deq = q.float() * scale[:, None]
+    assert float((deq - w).abs().max()) <= float(scale.max()) / 2 + 1e-6  # half a step
+    q2, scale2 = quantize_int8(deq)  # re-quantizing dequantized weights is exact
+    assert torch.equal(q, q2)
+    torch.testing.assert_close(scale, scale2)
+
+
+def test_int8_model_is_a_close_copy(tiny_target):
+    fp = load_model(tiny_target, "fp32")
+    i8 = load_model(tiny_target, "int8")
+    assert i8.precision == "int8"
+    assert i8.weight_bytes < fp.weight_bytes / 3.5  # int8 + scales vs float32
+    a = fp.lm.new_session().forward(PROMPT, len(PROMPT))
+    b = i8.lm.new_session().forward(PROMPT, len(PROMPT))
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean()
+    assert agree >= 0.8
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_model(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        load_model(tmp_path / "empty")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="not a .gguf"):
+        load_model(tmp_path / "weights.bin")
+
+
+def test_checkpoint_without_weights_is_a_clear_error(tiny_target, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_target, broken)
+    for f in broken.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(CheckpointError, match="no .safetensors"):
+        load_model(broken)
+
+
+def test_vocabulary_mismatch_names_the_mismatch(tiny_target, tmp_path):
+    from trtspec.testing.tiny import make_tiny_llama
+
+    other = make_tiny_llama(tmp_path / "other", seed=3, vocab_size=500)  # logits 500 wide
+    with pytest.raises(IncompatibleModelsError, match="vocabulary size mismatch: target logits have 384 entries, draft has 500"):
+        load_pair(tiny_target, other)
+
+
+def test_tokenizer_mismatch_names_the_mismatch(tiny_target, tiny_draft, tmp_path):
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_draft, changed)
+    tj = json.loads((changed / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two ids swapped
+    (changed / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(IncompatibleModelsError, match="disagree|vocabularies differ"):
+        load_pair(tiny_target, changed)

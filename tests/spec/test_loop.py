@@ -1,0 +1,266 @@
+"""The draft-verify loop against in-memory bigram models."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from trtspec.errors import ContextOverflowError, IncompatibleModelsError, InvalidRequestError
+from trtspec.spec import (
+    FinishReason,
+    FixedDraftLength,
+    GenerationRequest,
+    SamplingParams,
+    SpeculativeDecoder,
+    StopCriteria,
+)
+from trtspec.testing.fakes import BigramLM, CharDetokenizer, FailingLM
+
+V = 26
+
+
+def req(prompt=(0,), max_new=20, **stop_kw) -> GenerationRequest:
+    return GenerationRequest(prompt_ids=tuple(prompt), stop=StopCriteria(max_new_tokens=max_new, **stop_kw))
+
+
+def target_alone(target, request):
+    return SpeculativeDecoder(target).generate(request, FixedDraftLength(0))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_greedy_output_equals_target_alone_with_a_random_draft(k):
+    target = BigramLM.random(V, seed=0)
+    draft = BigramLM.random(V, seed=1)  # mostly disagrees
+    r = req(prompt=(3, 4, 5), max_new=40)
+    ref = target_alone(target, r)
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(k))
+    assert out.token_ids == ref.token_ids
+    assert out.stats.drafted_tokens > 0
+
+
+def test_perfect_draft_is_fully_accepted_and_verify_is_one_pass():
+    target = BigramLM.cycle(V)
+    draft = BigramLM.cycle(V)
+    k = 4
+    out = SpeculativeDecoder(target, draft).generate(req(max_new=20), FixedDraftLength(k))
+    assert out.token_ids == [(1 + i) % V for i in range(20)]
+    s = out.stats
+    assert s.acceptance_rate == 1.0
+    # 20 tokens at k+1 = 5 per iteration: 4 iterations, each ONE target forward.
+    assert s.iterations == 4
+    assert len(target.log.forwards) == 4
+    assert [n for _, n in target.log.forwards] == [k + 1] * 4
+    assert s.bonus_tokens == 4 and s.emitted_tokens == 20
+    assert s.accepted_per_position == [4, 4, 4, 4]
+
+
+def test_useless_draft_still_exact_and_acceptance_near_zero():
+    target = BigramLM.cycle(V, step=1)
+    draft = BigramLM.cycle(V, step=2)  # always wrong
+    out = SpeculativeDecoder(target, draft).generate(req(max_new=12), FixedDraftLength(3))
+    assert out.token_ids == [(1 + i) % V for i in range(12)]
+    assert out.stats.accepted_tokens == 0
+    assert out.stats.iterations == 12  # one correction token per iteration
+
+
+def test_rollback_truncates_both_caches_to_the_accepted_prefix():
+    target = BigramLM.cycle(V, step=1)
+    draft = BigramLM.cycle(V, step=2)
+    SpeculativeDecoder(target, draft).generate(req(prompt=(0, 1), max_new=3), FixedDraftLength(3))
+    # iteration 1: target holds 2 prompt + 3 drafts, keeps the 2 committed (prompt) tokens.
+    assert target.log.truncates[0] == 2
+    assert draft.log.truncates[0] == 2
+
+
+def test_k_zero_is_plain_target_decoding():
+    target = BigramLM.random(V, seed=5)
+    draft = BigramLM.random(V, seed=6)
+    a = SpeculativeDecoder(target, draft).generate(req(max_new=15), FixedDraftLength(0))
+    b = target_alone(BigramLM.random(V, seed=5), req(max_new=15))
+    assert a.token_ids == b.token_ids
+    assert a.stats.drafted_tokens == 0 and draft.log.forwards == []
+
+
+# -- stop conditions ----------------------------------------------------------------
+
+
+def test_max_new_tokens_is_exact_even_when_more_were_accepted():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    out = SpeculativeDecoder(target, draft).generate(req(max_new=7), FixedDraftLength(5))
+    assert len(out.token_ids) == 7
+    assert out.finish_reason is FinishReason.LENGTH
+
+
+def test_eos_stops_and_nothing_after_it_is_emitted():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    # The perfect draft gets 1..5 accepted in one iteration; EOS=3 must cut it.
+    out = SpeculativeDecoder(target, draft).generate(req(max_new=20, eos_token_ids=frozenset({3})), FixedDraftLength(5))
+    assert out.token_ids == [1, 2, 3]
+    assert out.finish_reason is FinishReason.STOP
+    assert out.stats.emitted_tokens == 3
+    assert out.stats.accepted_tokens == 5  # verification accepted more than was emitted
+
+
+def test_stop_token_ids():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    out = SpeculativeDecoder(target, draft).generate(
+        req(max_new=20, stop_token_ids=frozenset({9, 4})), FixedDraftLength(3)
+    )
+    assert out.token_ids == [1, 2, 3, 4]
+
+
+def test_stop_string_cuts_text_and_tokens():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    dec = SpeculativeDecoder(target, draft, detokenizer=CharDetokenizer())
+    # tokens 1,2,3,... decode to "bcdefg..."; stop at "ef".
+    out = dec.generate(req(max_new=20, stop_strings=("ef",)), FixedDraftLength(6))
+    assert out.text == "bcd"
+    assert out.token_ids == [1, 2, 3, 4, 5]  # up to the token completing the stop string
+    assert out.finish_reason is FinishReason.STOP
+
+
+def test_streaming_chunks_add_up_and_hold_back_a_partial_stop_string():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    dec = SpeculativeDecoder(target, draft, detokenizer=CharDetokenizer())
+    gen = dec.stream(req(max_new=12, stop_strings=("xyz", "hij")), FixedDraftLength(2))
+    chunks = list(gen)
+    text = "".join(c.text for c in chunks)
+    assert text == gen.result.text == "bcdefg"
+    # A chunk never ends inside a possible stop string: "h" alone is held back.
+    assert not any(c.text.endswith("h") for c in chunks)
+    assert sum(len(c.token_ids) for c in chunks) == len(gen.result.token_ids)
+
+
+def test_context_window_full():
+    target = BigramLM.cycle(V, max_context=10)
+    draft = BigramLM.cycle(V, max_context=10)
+    out = SpeculativeDecoder(target, draft).generate(req(prompt=(0, 1, 2), max_new=50), FixedDraftLength(4))
+    assert len(out.token_ids) == 7  # sequence never exceeds the 10-token window
+    assert out.finish_reason is FinishReason.CONTEXT
+    ref = target_alone(BigramLM.cycle(V, max_context=10), req(prompt=(0, 1, 2), max_new=50))
+    assert ref.token_ids == out.token_ids
+
+
+def test_cancellation_stops_the_loop_and_frees_sessions():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    calls = {"n": 0}
+
+    def cancelled():
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    out = SpeculativeDecoder(target, draft).generate(req(max_new=100), FixedDraftLength(2), cancelled=cancelled)
+    assert out.finish_reason is FinishReason.CANCELLED
+    assert len(out.token_ids) == 6  # two iterations of k + 1 = 3
+    assert target.log.sessions_closed == 1 and draft.log.sessions_closed == 1
+
+
+def test_closing_a_stream_early_frees_sessions():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    gen = SpeculativeDecoder(target, draft).stream(req(max_new=100), FixedDraftLength(2))
+    next(gen)
+    gen.close()
+    assert target.log.sessions_closed == 1 and draft.log.sessions_closed == 1
+    assert gen.finished
+
+
+def test_a_failing_draft_falls_back_to_the_target_without_losing_a_token():
+    target = BigramLM.random(V, seed=11)
+    draft = FailingLM(BigramLM.random(V, seed=11), fail_after=5)  # agrees, then dies
+    r = req(prompt=(2,), max_new=30)
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(3))
+    assert out.token_ids == target_alone(BigramLM.random(V, seed=11), r).token_ids
+    assert out.stats.draft_errors == 1
+    assert out.stats.accepted_tokens > 0  # it did speculate before dying
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (GenerationRequest((), StopCriteria(5)), "prompt is empty"),
+        (GenerationRequest((1,), StopCriteria(0)), "max_tokens must be > 0"),
+        (GenerationRequest((1,), StopCriteria(-3)), "max_tokens must be > 0"),
+        (GenerationRequest((1, 99), StopCriteria(5)), "outside [0, 26)"),
+        (GenerationRequest((1,), StopCriteria(5), SamplingParams(temperature=-1)), "temperature"),
+        (GenerationRequest((1,), StopCriteria(5), SamplingParams(temperature=float("nan"))), "temperature"),
+        (GenerationRequest((1,), StopCriteria(5), SamplingParams(temperature=1, top_p=0)), "top_p"),
+        (GenerationRequest((1,), StopCriteria(5), SamplingParams(temperature=1, top_k=-1)), "top_k"),
+        (GenerationRequest((1,), StopCriteria(5, stop_strings=("",))), "stop strings"),
+    ],
+)
+def test_bad_requests_are_rejected_with_a_clear_message(request_, message):
+    dec = SpeculativeDecoder(BigramLM.cycle(V), BigramLM.cycle(V))
+    with pytest.raises(InvalidRequestError, match=re.escape(message)):
+        dec.generate(request_, FixedDraftLength(2))
+
+
+def test_negative_k_is_rejected():
+    with pytest.raises(InvalidRequestError, match="k must be an integer >= 0"):
+        FixedDraftLength(-1)
+
+
+def test_prompt_longer_than_the_context_is_rejected():
+    dec = SpeculativeDecoder(BigramLM.cycle(V, max_context=4))
+    with pytest.raises(ContextOverflowError, match="context window holds 4"):
+        dec.generate(req(prompt=(1, 2, 3, 4)))
+
+
+def test_vocabulary_mismatch_is_rejected():
+    with pytest.raises(IncompatibleModelsError, match="draft vocabulary has 10 entries, target has 26"):
+        SpeculativeDecoder(BigramLM.cycle(V), BigramLM.cycle(10))
+
+
+def test_the_request_is_never_mutated():
+    r = req(prompt=(0, 1), max_new=5)
+    before = dataclasses.asdict(r)
+    SpeculativeDecoder(BigramLM.cycle(V), BigramLM.cycle(V)).generate(r, FixedDraftLength(3))
+    assert dataclasses.asdict(r) == before
+
+
+# -- sampling through the whole loop -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=4),
+        SamplingParams(temperature=1.3, top_p=0.8),
+    ],
+)
+def test_sampled_loop_output_follows_the_target_distribution(sampling):
+    """Joint distribution of the first two emitted tokens equals the target's,
+    P(t1, t2) = p(t1 | prompt) p(t2 | t1), with the same warp applied."""
+    vocab = 6
+    target = BigramLM.random(vocab, seed=21, sharpness=1.5)
+    draft = BigramLM.random(vocab, seed=22, sharpness=1.5)
+    from trtspec.spec.acceptance import warp_probs
+
+    p = warp_probs(target.table, sampling)  # [vocab, vocab], row = previous token
+    expected = (p[0][:, None] * p).flatten()  # prompt ends in token 0
+    n = 5000
+    counts = torch.zeros(vocab * vocab)
+    dec = SpeculativeDecoder(target, draft)
+    for seed in range(n):
+        r = GenerationRequest((0,), StopCriteria(2), dataclasses.replace(sampling, seed=seed))
+        t1, t2 = dec.generate(r, FixedDraftLength(2)).token_ids
+        counts[t1 * vocab + t2] += 1
+    freq = counts / n
+    se = torch.sqrt(expected * (1 - expected) / n)
+    assert ((freq - expected).abs() <= 5 * se + 0.002).all(), (freq - expected).abs().max()
+
+
+def test_sampling_is_deterministic_under_a_seed():
+    target, draft = BigramLM.random(V, seed=1), BigramLM.random(V, seed=2)
+    dec = SpeculativeDecoder(target, draft)
+    r = GenerationRequest((0,), StopCriteria(30), SamplingParams(temperature=1.0, seed=42))
+    a = dec.generate(r, FixedDraftLength(3)).token_ids
+    b = dec.generate(r, FixedDraftLength(3)).token_ids
+    c = dec.generate(dataclasses.replace(r, sampling=SamplingParams(temperature=1.0, seed=43)), FixedDraftLength(3))
+    assert a == b and a != c.token_ids

@@ -1,0 +1,83 @@
+"""Speculative greedy output is token-for-token the target's own greedy output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.runtime.pair import load_pair
+from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+
+TINY_PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2", "Triton Inference"]
+
+
+def hf_greedy(path, prompt_ids, n):
+    """Reference from transformers' own generate (an independent code path)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    out = model.generate(
+        torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5, 8])
+def test_tiny_models_match_transformers_greedy(tiny_pair, tiny_target, k):
+    tok = tiny_pair.target.tokenizer
+    dec = tiny_pair.decoder()
+    for text in TINY_PROMPTS:
+        ids = tok.encode_prompt(text)
+        out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(24)), FixedDraftLength(k))
+        assert out.token_ids == hf_greedy(tiny_target, ids, 24), text
+        if k:
+            assert out.stats.drafted_tokens > 0
+
+
+def test_tiny_good_draft_is_mostly_accepted(tiny_pair):
+    tok = tiny_pair.target.tokenizer
+    out = tiny_pair.decoder().generate(
+        GenerationRequest(tuple(tok.encode_prompt("The quick brown fox")), StopCriteria(40)), FixedDraftLength(4)
+    )
+    assert out.stats.acceptance_rate > 0.6
+
+
+def test_bad_draft_output_identical_acceptance_near_zero(tiny_target, tiny_bad_draft):
+    pair = load_pair(tiny_target, tiny_bad_draft)
+    ref_pair = load_pair(tiny_target, None)
+    tok = pair.target.tokenizer
+    accepted = drafted = 0
+    for text in TINY_PROMPTS:
+        req = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(24))
+        out = pair.decoder().generate(req, FixedDraftLength(4))
+        ref = ref_pair.decoder().generate(req)
+        assert out.token_ids == ref.token_ids
+        accepted += out.stats.accepted_tokens
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0 and accepted / drafted < 0.1
+
+
+DEMO_PROMPTS = [
+    "Explain how photosynthesis works.",
+    "Write a short poem about the sea.",
+    "What are three tips for learning a new language?",
+    "Describe the water cycle in simple terms.",
+    "Give me a recipe for pancakes.",
+    "Why is the sky blue?",
+]
+
+
+@pytest.mark.slow
+def test_demo_pair_greedy_equality(demo_pair):
+    """The real pair (SmolLM2-135M fp32 target, INT8 draft), 6 prompts, k = 0 vs 5."""
+    tok = demo_pair.target.tokenizer
+    dec = demo_pair.decoder()
+    drafted = accepted = 0
+    for text in DEMO_PROMPTS:
+        req = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(48, eos_token_ids=tok.eos_token_ids()))
+        ref = dec.generate(req, FixedDraftLength(0))
+        out = dec.generate(req, FixedDraftLength(5))
+        assert out.token_ids == ref.token_ids, text
+        drafted += out.stats.drafted_tokens
+        accepted += out.stats.accepted_tokens
+    assert accepted / drafted > 0.6  # the INT8 copy is a useful draft
