@@ -46,10 +46,12 @@ def generate(
     if demo:
         if target or draft:
             fail("--demo and --target/--draft are mutually exclusive")
+        from rich.markup import escape
+
         from trtspec.runtime.demo import prepare_demo
 
         with domain_errors():
-            pair_paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
+            pair_paths = prepare_demo(progress=lambda m: log(escape(f"[demo] {m}"), quiet=json_out))
         target, draft = pair_paths.target, pair_paths.draft
     if target is None:
         fail("--target (or --demo) is required")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trtspec import __version__
-from trtspec.cli import generate, models
+from trtspec.cli import build, generate, models
 
 app = typer.Typer(
     name="trtspec",
@@ -16,6 +16,7 @@ app = typer.Typer(
 )
 app.add_typer(models.app, name="models")
 app.command("generate")(generate.generate)
+app.command("build")(build.build)
 
 
 @app.command("version")
