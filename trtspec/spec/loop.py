@@ -185,10 +185,12 @@ class Generation(Iterator[StreamChunk]):
                 if sp.greedy:
                     n_acc, nxt = greedy_verify(x, logits)
                     bonus = k > 0 and n_acc == k
+                    target_tokens = tuple(logits[:k].argmax(dim=-1).tolist())
                 else:
                     p = warp_probs(logits, sp)  # [k+1, vocab]
                     q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[1]))
                     n_acc, nxt, bonus = rejection_sample(x, q, p, gen)
+                    target_tokens = tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ())
                 t2 = clock()
 
                 # 4. commit through the stop checker, then roll caches back
@@ -211,6 +213,8 @@ class Generation(Iterator[StreamChunk]):
                     context_len=base,
                     draft_time_s=t1 - t0,
                     verify_time_s=t2 - t1,
+                    drafted=tuple(drafted),
+                    target_tokens=target_tokens,
                 )
                 self.stats.observe(outcome)
                 self._policy.observe(outcome)

@@ -118,6 +118,12 @@ class IterationOutcome:
     context_len: int  # tokens in the sequence before this iteration
     draft_time_s: float
     verify_time_s: float
+    # The tokens behind the outcome (for rejection traces): the k drafted tokens, and the
+    # target's token at each drafted position given the drafts before it. Greedy: its argmax
+    # at all k positions. Sampling: the accepted drafts, then the correction token at the
+    # first rejected position (accepted + 1 tokens; all k drafts when all were accepted).
+    drafted: tuple[int, ...] = ()
+    target_tokens: tuple[int, ...] = ()
 
 
 @dataclass

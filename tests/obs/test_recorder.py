@@ -1,0 +1,275 @@
+"""SpecMetrics on the real loop (tiny models) into a prometheus_client registry: every number
+on the registry agrees with what the loop recorded per request and per iteration."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from trtspec.control import BreakerState, CircuitBreaker, FakeClock, Policy, RequestInfo, SpeculationGovernor
+from trtspec.control.config import BreakerConfig
+from trtspec.obs import metrics as M
+from trtspec.obs.recorder import SpecMetrics, TokenTimer
+from trtspec.obs.sinks import PrometheusClientSink, TritonMetricSink
+from trtspec.runtime.pair import ModelPair
+from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.spec.types import IterationOutcome, SpecStats
+from trtspec.testing.fake_triton import FakeTriton
+
+PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2"]
+MODEL = "spec_decode"
+
+
+class Keep:
+    """A policy that keeps every outcome the loop reports (to compare with the registry)."""
+
+    def __init__(self, k: int) -> None:
+        self.inner = FixedDraftLength(k)
+        self.outcomes: list[IterationOutcome] = []
+
+    def next_k(self) -> int:
+        return self.inner.next_k()
+
+    def observe(self, outcome: IterationOutcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def _outcome(k: int, accepted: int, context_len: int = 10, emitted: int | None = None) -> IterationOutcome:
+    return IterationOutcome(
+        k=k,
+        accepted=accepted,
+        emitted=accepted + 1 if emitted is None else emitted,
+        bonus=k > 0 and accepted == k,
+        context_len=context_len,
+        draft_time_s=0.002 * k,
+        verify_time_s=0.01,
+    )
+
+
+@pytest.fixture
+def sink() -> PrometheusClientSink:
+    return PrometheusClientSink()
+
+
+@pytest.fixture
+def metrics(sink: PrometheusClientSink) -> SpecMetrics:
+    return SpecMetrics(sink, model=MODEL)
+
+
+def _v(sink: PrometheusClientSink, series: str, **labels: str) -> float:
+    value = sink.value(series, {"model": MODEL, **labels})
+    assert value is not None, f"no series {series} {labels}"
+    return value
+
+
+def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    decoder = tiny_pair.decoder()
+    tok = tiny_pair.target.tokenizer
+    stats: list[tuple[bool, SpecStats]] = []
+    outcomes: list[IterationOutcome] = []
+    chunks_with_tokens = 0
+    for i, text in enumerate(PROMPTS * 2):
+        speculate = i % 4 != 3  # one request in four runs on the target alone
+        request = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(max_new_tokens=24), request_id=f"r{i}")
+        keep = Keep(k=4 if speculate else 0)
+        timer = TokenTimer()
+        metrics.request_started(speculate, "default" if speculate else "request_off")
+        assert _v(sink, "trtspec_requests_speculating") == (1 if speculate else 0)
+        gen = decoder.stream(request, metrics.wrap_policy(keep, request.request_id))
+        for chunk in gen:
+            timer.tokens(len(chunk.token_ids))
+            chunks_with_tokens += bool(chunk.token_ids)
+        metrics.request_finished(
+            gen.result.stats, speculating=speculate, ttft_s=timer.ttft_s, itl_s=timer.itl_s, latency_s=timer.elapsed_s()
+        )
+        stats.append((speculate, gen.result.stats))
+        outcomes += keep.outcomes
+    assert _v(sink, "trtspec_requests_speculating") == 0
+
+    total = lambda attr: sum(getattr(s, attr) for _, s in stats)  # noqa: E731
+    assert total("drafted_tokens") > 0 and total("accepted_tokens") > 0
+    assert _v(sink, "trtspec_drafted_tokens_total") == total("drafted_tokens")
+    assert _v(sink, "trtspec_accepted_tokens_total") == total("accepted_tokens")
+    assert _v(sink, "trtspec_bonus_tokens_total") == total("bonus_tokens")
+    assert _v(sink, "trtspec_emitted_tokens_total") == total("emitted_tokens")
+
+    drafts = [o for o in outcomes if o.k > 0]
+    rejected = [o for o in drafts if o.accepted < o.k]
+    assert rejected, "the tiny draft should be rejected now and then"
+    assert sink.total("trtspec_drafts_total") == len(drafts)
+    assert sink.total("trtspec_rejections_total") == len(rejected)
+    for bucket, n in Counter(M.length_bucket(o.context_len) for o in rejected).items():
+        assert _v(sink, "trtspec_rejections_total", bucket=bucket) == n
+
+    # per position (1-based labels) against the per-request SpecStats lists (0-based)
+    drafted_at, accepted_at = Counter(), Counter()
+    for _, s in stats:
+        for i, n in enumerate(s.drafted_per_position):
+            drafted_at[str(i + 1)] += n
+        for i, n in enumerate(s.accepted_per_position):
+            accepted_at[str(i + 1)] += n
+    assert set(drafted_at) == {"1", "2", "3", "4"}
+    for pos in drafted_at:
+        assert _v(sink, "trtspec_drafted_tokens_by_position_total", position=pos) == drafted_at[pos]
+        assert _v(sink, "trtspec_accepted_tokens_by_position_total", position=pos) == accepted_at[pos]
+    # a prefix: position i+1 is never accepted more often than position i
+    assert [accepted_at[str(i)] for i in range(1, 5)] == sorted((accepted_at[str(i)] for i in range(1, 5)), reverse=True)
+
+    assert _v(sink, "trtspec_accepted_tokens_per_iteration_count") == len(drafts)
+    assert _v(sink, "trtspec_accepted_tokens_per_iteration_sum") == total("accepted_tokens")
+    assert _v(sink, "trtspec_draft_step_seconds_count") == len(drafts)
+    assert _v(sink, "trtspec_target_step_seconds_count") == len(outcomes) - len(drafts)
+    assert _v(sink, "trtspec_draft_step_seconds_sum") == pytest.approx(sum(o.draft_time_s for o in drafts))
+
+    on = sum(1 for spec, _ in stats if spec)
+    assert _v(sink, "trtspec_route_decisions_total", route="speculate", reason="default") == on
+    assert _v(sink, "trtspec_route_decisions_total", route="target_only", reason="request_off") == len(stats) - on
+    assert _v(sink, "trtspec_requests_total", outcome="ok") == len(stats)
+    assert _v(sink, "trtspec_time_to_first_token_seconds_count", route="speculate") == on
+    assert _v(sink, "trtspec_time_to_first_token_seconds_count", route="target_only") == len(stats) - on
+    assert _v(sink, "trtspec_request_latency_seconds_count", route="target_only") == len(stats) - on
+    itl = sink.total("trtspec_inter_token_latency_seconds_count")
+    assert itl == chunks_with_tokens - len(stats)  # one per chunk after each request's first
+    assert 1 <= _v(sink, "trtspec_draft_length") <= 4
+
+
+def test_exposition_names_match_the_table(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    metrics.iteration(_outcome(3, 1))
+    metrics.set_gauges(draft_memory_bytes=1, target_memory_bytes=2)
+    text = sink.exposition()
+    for spec in M.ALL:
+        assert f"# TYPE {spec.name} {spec.kind.value}" in text, spec.name
+        if spec in (M.ROUTE_DECISIONS, M.REQUESTS, M.DRAFT_LENGTH_CAP, M.ROLLING_REJECTION_RATE):
+            continue  # nothing recorded for these yet
+        assert any(line.startswith(name) for name in M.series_names(spec) for line in text.splitlines()), spec.name
+
+
+def test_positions_past_fifteen_share_a_label(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    metrics.iteration(_outcome(20, 17))
+    assert _v(sink, "trtspec_drafted_tokens_by_position_total", position="15") == 1
+    assert _v(sink, "trtspec_drafted_tokens_by_position_total", position="16+") == 5  # positions 16..20
+    assert _v(sink, "trtspec_accepted_tokens_by_position_total", position="16+") == 2  # 16, 17
+    assert sink.value("trtspec_drafted_tokens_by_position_total", {"model": MODEL, "position": "17"}) is None
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "bucket"),
+    [(0, "0-32"), (31, "0-32"), (32, "32-64"), (127, "64-128"), (128, "128-256"), (511, "256-512"), (512, "512+"), (9000, "512+")],
+)
+def test_heatmap_buckets(sink: PrometheusClientSink, metrics: SpecMetrics, seq_len: int, bucket: str) -> None:
+    metrics.iteration(_outcome(4, 1), seq_len=seq_len)
+    metrics.iteration(_outcome(4, 4), seq_len=seq_len)  # fully accepted: a draft, not a rejection
+    assert _v(sink, "trtspec_rejections_total", bucket=bucket) == 1
+    assert _v(sink, "trtspec_drafts_total", bucket=bucket) == 2
+    assert sink.total("trtspec_rejections_total") == 1
+
+
+def test_fallbacks_and_outcomes(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    s = SpecStats(draft_errors=1, emitted_tokens=3, time_to_first_token_s=0.5, total_time_s=0.9)
+    metrics.request_started(True, "default")
+    metrics.request_finished(s, speculating=True, fallbacks=2)
+    metrics.request_started(True, "default")
+    metrics.request_finished(SpecStats(), speculating=True, outcome="cancelled", latency_s=2.0)
+    metrics.request_refused("invalid")
+    assert _v(sink, "trtspec_fallbacks_total", reason="zero_acceptance") == 2
+    assert _v(sink, "trtspec_fallbacks_total", reason="draft_error") == 1
+    assert _v(sink, "trtspec_fallback_requests_total") == 1
+    assert _v(sink, "trtspec_requests_total", outcome="invalid") == 1
+    assert _v(sink, "trtspec_requests_total", outcome="cancelled") == 1
+    # defaults from the loop's stats: TTFT 0.5 s, latency 0.9 s, mean ITL (0.9 - 0.5) / 2
+    assert _v(sink, "trtspec_time_to_first_token_seconds_sum", route="speculate") == 0.5
+    assert _v(sink, "trtspec_inter_token_latency_seconds_sum", route="speculate") == pytest.approx(0.2)
+    assert _v(sink, "trtspec_request_latency_seconds_count", route="speculate") == 1  # not the cancelled one
+
+
+def test_breaker_transitions_through_the_listener(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    clock = FakeClock(1000.0)
+    breaker = CircuitBreaker(BreakerConfig(), clock, listeners=[metrics])
+    state = lambda s: _v(sink, "trtspec_breaker_state", state=s)  # noqa: E731
+    assert [state(s) for s in M.BREAKER_STATES] == [1, 0, 0, 0]
+    breaker.observe(drafted=200, accepted=100)  # 50% rejected: past the hard threshold
+    assert breaker.state is BreakerState.OPEN
+    assert [state(s) for s in M.BREAKER_STATES] == [0, 0, 1, 0]
+    assert _v(sink, "trtspec_breaker_transitions_total", from_state="closed", to_state="open") == 1
+    assert _v(sink, "trtspec_rolling_rejection_rate") == 0.5
+    clock.advance(BreakerConfig().cooldown_s)
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert _v(sink, "trtspec_breaker_transitions_total", from_state="open", to_state="half_open") == 1
+    assert state("half_open") == 1 and state("open") == 0
+    # declared at zero from the start: every transition the breaker can make
+    for old, new in M.BREAKER_STATE_CHANGES:
+        assert sink.value("trtspec_breaker_transitions_total", {"model": MODEL, "from_state": old, "to_state": new}) is not None
+
+
+def test_gauges_from_the_governor_snapshot(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    clock = FakeClock(0.0)
+    governor = SpeculationGovernor(Policy(), clock=clock, breaker_listeners=[metrics])
+    metrics.set_gauges(governor.snapshot(), draft_memory_bytes=1_000, target_memory_bytes=9_000)
+    assert _v(sink, "trtspec_draft_length_cap") == Policy().draft_length.k_max
+    assert math.isnan(_v(sink, "trtspec_rolling_rejection_rate"))  # nothing drafted yet
+    assert _v(sink, "trtspec_model_memory_bytes", role="draft") == 1_000
+    assert _v(sink, "trtspec_model_memory_bytes", role="target") == 9_000
+    with governor.decide(RequestInfo(request_id="a", context_tokens=100)) as control:
+        assert control.speculate
+        for _ in range(30):
+            control.observe(_outcome(5, 0))  # everything rejected: the breaker opens
+    metrics.set_gauges(governor.snapshot())
+    assert _v(sink, "trtspec_draft_length_cap") == 0
+    assert _v(sink, "trtspec_breaker_state", state="open") == 1
+    assert _v(sink, "trtspec_rolling_rejection_rate") == 1.0
+
+
+class _BrokenSink(PrometheusClientSink):
+    def inc(self, spec, labels, value=1.0):  # type: ignore[no-untyped-def]
+        raise RuntimeError("exporter down")
+
+
+def test_a_failing_sink_never_raises() -> None:
+    metrics = SpecMetrics(_BrokenSink(), model=MODEL)
+    metrics.request_started(True, "default")
+    metrics.iteration(_outcome(4, 2))
+    metrics.request_finished(SpecStats(), speculating=True)
+    assert metrics.errors == 3
+
+
+def test_token_timer() -> None:
+    clock = FakeClock(10.0)
+    timer = TokenTimer(clock)
+    clock.advance(0.3)
+    timer.tokens(3)  # the first chunk: TTFT
+    clock.advance(0.2)
+    timer.tokens(0)  # text only: ignored
+    timer.tokens(4)
+    clock.advance(0.1)
+    timer.tokens(1)
+    assert timer.ttft_s == pytest.approx(0.3)
+    assert timer.itl_s == pytest.approx([0.05, 0.1])
+    assert timer.tokens_seen == 8
+    assert timer.elapsed_s() == pytest.approx(0.6)
+
+
+def test_triton_sink_emulates_histograms_without_buckets_support() -> None:
+    """A pb_utils whose Metric() takes no buckets (older python backends; the project's FakeTriton):
+    histograms become _bucket/_sum/_count counters that histogram_quantile reads the same way."""
+    pb = FakeTriton()
+    FakeTriton.MetricFamily.registry.clear()
+    sink = TritonMetricSink(pb)
+    metrics = SpecMetrics(sink, model=MODEL)
+    metrics.iteration(_outcome(4, 2))
+    metrics.iteration(_outcome(4, 4))
+    registry = FakeTriton.MetricFamily.registry
+    assert registry["trtspec_drafted_tokens_total"].metrics[0].value() == 8
+
+    def series(name: str, **labels: str) -> float:
+        want = {"model": MODEL, **labels}
+        found = [m.value() for m in registry[name].metrics if m.labels == want]
+        assert len(found) == 1, (name, labels)
+        return found[0]
+
+    # accepted per iteration: observations 2 and 4; cumulative buckets
+    name = "trtspec_accepted_tokens_per_iteration"
+    assert [series(f"{name}_bucket", le=le) for le in ("1", "2", "3", "4", "+Inf")] == [0, 1, 1, 2, 2]
+    assert series(f"{name}_sum") == 6 and series(f"{name}_count") == 2
+    assert series("trtspec_breaker_state", state="closed") == 1
