@@ -3,6 +3,8 @@
 # Models are downloaded/converted once into ~/.cache/trtspec (or $TRTSPEC_CACHE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# System tools the tests use: Prometheus and promtool (Debian package).
+./scripts/ci_setup.sh
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -34,6 +34,8 @@ def generate(
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8")] = "auto",
+    url: Annotated[str | None, typer.Option("--url", help="A running server, HOST:PORT (gRPC; the HTTP port with --http).")] = None,
+    http: Annotated[bool, typer.Option("--http", help="With --url: Triton's HTTP generate endpoints.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Generate text for one prompt; streams to stdout (or one JSON object with --json)."""
@@ -41,8 +43,18 @@ def generate(
     from trtspec.runtime.pair import load_pair
     from trtspec.spec import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
 
+    if url is not None:
+        if local or demo or target or draft:
+            fail("--url talks to a running server; --local/--demo/--target/--draft do not apply")
+        from trtspec.cli.client import remote_generate
+
+        # Default "--speculation on" maps to the server's "auto": routing and breakers decide.
+        remote_generate(url=url, prompt=prompt, http=http, max_tokens=max_tokens,
+                        speculation="off" if speculation is Speculation.off or k == 0 else "auto",
+                        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, json_out=json_out)
+        return
     if not local:
-        fail("only --local is available in this build; pass --local")
+        fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
     if demo:
         if target or draft:
             fail("--demo and --target/--draft are mutually exclusive")
@@ -97,6 +109,6 @@ def generate(
         rate = f"{s.acceptance_rate:.1%}" if s.acceptance_rate is not None else "n/a"
         tps = s.emitted_tokens / s.total_time_s if s.total_time_s else 0.0
         log(
-            f"[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
+            f"\\[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
             f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}"
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trtspec import __version__
-from trtspec.cli import build, generate, models, monitoring, trace
+from trtspec.cli import build, generate, models, monitoring, serve, trace
 
 app = typer.Typer(
     name="trtspec",
@@ -19,6 +19,7 @@ app.add_typer(monitoring.app, name="monitoring")
 app.add_typer(trace.app, name="trace")
 app.command("generate")(generate.generate)
 app.command("build")(build.build)
+app.command("serve")(serve.serve)
 
 
 @app.command("version")

@@ -1,0 +1,99 @@
+"""The launcher: which tritonserver, the environment it needs, and failures that say why."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver, free_port, python_shared_lib_dir
+
+
+@pytest.fixture(scope="module")
+def install():
+    try:
+        return find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+
+
+def test_a_tritonserver_on_path_wins(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "tritonserver"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    found = find_tritonserver()
+    assert found.source == "PATH" and found.executable == fake and found.make_backend_dir(tmp_path) is None
+
+
+def test_the_wheel_server_gets_its_libraries_stub_and_our_python(install, tmp_path):
+    if install.source != "nvidia-pytriton":
+        pytest.skip("tritonserver comes from PATH here")
+    env = install.env({"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/x"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    ld = env["LD_LIBRARY_PATH"].split(os.pathsep)
+    assert ld[0] == str(install.lib_dir) and ld[-1] == "/opt/x"
+    if python_shared_lib_dir() is not None:
+        assert str(python_shared_lib_dir()) in ld
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    backends = install.make_backend_dir(tmp_path)
+    assert sorted(p.name for p in (backends / "python").iterdir()) == [
+        "libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
+    assert f"{sys.version_info[0]}.{sys.version_info[1]}" in str(install.stub)
+
+
+def test_free_ports_are_free():
+    import socket
+
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def _repo_with(tmp_path: Path, body: str) -> Path:
+    model = tmp_path / "repo" / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(textwrap.dedent("""\
+        name: "broken"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """))
+    (model / "1" / "model.py").write_text(textwrap.dedent(body))
+    return tmp_path / "repo"
+
+
+def test_a_model_that_fails_to_load_is_a_clear_error_and_leaves_no_process(install, tmp_path):
+    repo = _repo_with(tmp_path, """\
+        class TritonPythonModel:
+            def initialize(self, args):
+                raise RuntimeError("checkpoint /models/x is corrupt")
+        """)
+    server = TritonServer(repo, install=install, log_file=tmp_path / "log.txt")
+    with pytest.raises(ServerError, match="tritonserver exited with code 1 while starting") as e:
+        server.start()
+    assert "checkpoint /models/x is corrupt" in str(e.value) and str(tmp_path / "log.txt") in str(e.value)
+    assert server.pid is None and not server.alive()
+
+
+def test_a_server_not_ready_in_time_is_stopped(install, tmp_path):
+    repo = _repo_with(tmp_path, """\
+        import threading
+        class TritonPythonModel:
+            def initialize(self, args):
+                threading.Event().wait(120)  # a load that takes far too long
+        """)
+    server = TritonServer(repo, install=install, startup_timeout_s=3)
+    with pytest.raises(ServerError, match="not ready after 3s"):
+        server.start()
+    assert not server.alive()
+
+
+def test_a_missing_repository_is_refused(tmp_path):
+    with pytest.raises(ServerError, match="model repository not found"):
+        TritonServer(tmp_path / "nothing").start()

@@ -1,0 +1,112 @@
+"""``draft``/``target`` model.py: execute with several requests at once, bad ones among them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trtspec.build.repo import lm_config
+from trtspec.serving.triton import lm
+from trtspec.testing.fake_triton import FakeTriton, Tensor, TritonError
+
+
+@pytest.fixture(scope="module")
+def served(tiny_target: Path):
+    pb = FakeTriton()
+    model = pb.add_model("target", lm.TritonPythonModel(pb), lm_config("target", checkpoint=str(tiny_target), max_sessions=4))
+    yield pb, model
+    pb.finalize()
+
+
+def call(pb, session: str, ids, num_logits: int, release: bool | None = None, ids_dtype=np.int64):
+    inputs = {
+        "session_id": np.array([session.encode()], dtype=object),
+        "token_ids": np.asarray(ids, dtype=ids_dtype),
+        "num_logits": np.array([num_logits], dtype=np.int32),
+    }
+    if release is not None:
+        inputs["release"] = np.array([release], dtype=bool)
+    return pb.client_request("target", inputs)
+
+
+def reference(model, ids, num_logits):
+    s = model.store.lm.new_session()
+    out = s.forward(list(ids), num_logits)
+    s.close()
+    return out.numpy()
+
+
+def test_warm_up_ran_at_load_and_left_no_session(served):
+    pb, model = served
+    assert model.warmup_s is not None and model.warmup_s > 0
+    assert len(model.store) == 0
+
+
+def test_one_execute_with_good_and_bad_requests(served):
+    pb, model = served
+    a, b = [3, 14, 15, 92, 65], [2, 71, 82, 81, 82, 84]
+    calls = [
+        call(pb, "a", a, 1),  # good: prefill
+        call(pb, "x", [1, 2], 3),  # bad: more logits than tokens
+        call(pb, "b", b, 2),  # good
+        call(pb, "y", [1, 5000], 1),  # bad: token outside the vocabulary
+        call(pb, "", [1, 2], 1),  # bad: no session id
+        call(pb, "a", a + [35], 2),  # good: same session, in the same batch
+        call(pb, "z", [1, 2], 1, ids_dtype=np.int32),  # rejected by Triton itself: wrong data type
+    ]
+    pb.execute("target", calls)
+    for c in calls:
+        assert c.sender.final_count == 1 and len(c.responses) == 1
+
+    def logits(c):
+        assert c.error is None, c.error
+        return c.outputs("logits")[0]
+
+    np.testing.assert_allclose(logits(calls[0]), reference(model, a, 1), atol=1e-4)
+    np.testing.assert_allclose(logits(calls[2]), reference(model, b, 2), atol=1e-4)
+    np.testing.assert_allclose(logits(calls[5]), reference(model, a + [35], 2), atol=1e-4)
+    expected = {
+        1: "num_logits must be in [0, 2] (the sequence length), got 3",
+        3: "token ids must be in [0, 384)",
+        4: "session_id must be a non-empty string",
+        6: "data-type is 'int32', but model 'target' expects 'TYPE_INT64'",
+    }
+    for i, message in expected.items():
+        err = calls[i].error
+        assert err is not None and err.code() == TritonError.INVALID_ARG
+        assert message in err.message() and "\n" not in err.message() and "Traceback" not in err.message()
+
+
+def test_release_frees_the_cache_and_answers_empty_logits(served):
+    pb, model = served
+    pb.execute("target", [call(pb, "r", [5, 6, 7], 1)])
+    assert "r" in model.store
+    (c,) = pb.execute("target", [call(pb, "r", [], 0, release=True)])
+    assert c.error is None and c.outputs("logits")[0].shape == (0, 384)
+    assert "r" not in model.store
+
+
+def test_an_internal_failure_is_internal_and_one_line(served, monkeypatch):
+    pb, model = served
+
+    def boom(*_a, **_k):
+        raise RuntimeError("CUDA error: out of memory\nwith a second line")
+
+    monkeypatch.setattr(model.store, "run", boom)
+    release = call(pb, "q", [], 0, release=True)  # does not run the model: still answered
+    failing, release = pb.execute("target", [call(pb, "q", [1, 2], 1), release])
+    assert failing.error.code() == TritonError.INTERNAL
+    assert failing.error.message() == "target failed: RuntimeError: CUDA error: out of memory"
+    assert release.error is None
+
+
+def test_logits_are_float32_batch_free(served):
+    pb, _ = served
+    (c,) = pb.execute("target", [call(pb, "f", [4, 5, 6, 7], 3)])
+    out = c.outputs("logits")[0]
+    assert out.dtype == np.float32 and out.shape == (3, 384)
+    assert torch.isfinite(torch.from_numpy(out)).all()
+    assert isinstance(c.responses[0].output_tensors()[0], Tensor)

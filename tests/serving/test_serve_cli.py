@@ -1,0 +1,114 @@
+"""``trtspec serve`` (a real process, stopped by a signal) and ``trtspec generate --url`` (CliRunner)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trtspec.build.repo import write_model_repo
+from trtspec.cli.client import generate_url
+from trtspec.serving.launcher import ServerError, find_tritonserver
+
+SERVE = "import typer; from trtspec.cli.serve import serve; typer.run(serve)"
+
+
+def _client_app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("generate")(generate_url)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command keeps "generate" a subcommand, as in the real CLI
+        pass
+
+    return app
+
+
+def test_generate_url_grpc_and_http_json(triton, reference):
+    runner = CliRunner()
+    app = _client_app()
+    ref = reference("The quick brown fox", 24)
+    for url, extra in ((triton.endpoints.grpc, []), (triton.endpoints.http, ["--http"])):
+        result = runner.invoke(app, ["generate", "--url", url, "--prompt", "The quick brown fox", "-n", "24", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        assert out["text"] == ref.text and out["output_ids"] == ref.token_ids
+        assert out["protocol"] == ("http" if extra else "grpc") and out["num_draft_tokens"] > 0
+
+
+def test_generate_url_streams_text_then_stats(triton, reference):
+    result = CliRunner().invoke(_client_app(), ["generate", "--url", triton.endpoints.grpc, "-p", "Hello world", "-n", "16"])
+    assert result.exit_code == 0
+    assert result.stdout == reference("Hello world", 16).text + "\n"
+    assert "[stats] 16 tokens" in result.stderr
+
+
+def test_generate_url_server_error_is_one_cli_error_line(triton):
+    result = CliRunner().invoke(_client_app(), ["generate", "--url", triton.endpoints.grpc, "-p", "x", "-n", "0"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: max_tokens must be > 0, got 0"
+
+
+def test_generate_url_without_a_server_is_a_clear_error(tmp_path):
+    from trtspec.serving.launcher import free_port
+
+    port = free_port()
+    result = CliRunner().invoke(_client_app(), ["generate", "--url", f"127.0.0.1:{port}", "--http", "-p", "x"])
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: cannot reach 127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="module")
+def target_only_repo(tmp_path_factory, tiny_target: Path) -> Path:
+    """No draft: a lighter server to start and stop (and the target-alone deployment)."""
+    return write_model_repo(tmp_path_factory.mktemp("solo") / "repo", target_checkpoint=tiny_target, max_tokens_limit=100)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only_repo, tmp_path, sig):
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    log_file = tmp_path / "server.log"
+    args = [sys.executable, "-c", SERVE, "--model-repo", str(target_only_repo), "--host", "127.0.0.1",
+            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--log-file", str(log_file), "--json"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # the JSON object, printed once the server is ready
+            lines.append(line)
+            if line.startswith("}"):
+                break
+        info = json.loads("".join(lines))
+        server_pid = info["pid"]
+        http = info["endpoints"]["http"]
+        assert urllib.request.urlopen(f"{http}/v2/health/ready", timeout=10).status == 200
+        body = json.dumps({"text_input": "Hello", "max_tokens": 4, "speculation": "off"}).encode()
+        out = json.loads(urllib.request.urlopen(urllib.request.Request(info["endpoints"]["generate"], data=body), timeout=60).read())
+        assert out["num_output_tokens"] == 4 and out["num_draft_tokens"] == 0
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(server_pid, 0)  # tritonserver is gone too
+    assert "successfully unloaded 'target'" in log_file.read_text()
+
+
+def test_serve_refuses_a_directory_that_is_not_a_model_repository(tmp_path):
+    from trtspec.cli.serve import serve
+
+    app = typer.Typer()
+    app.command()(serve)
+    result = CliRunner().invoke(app, ["--model-repo", str(tmp_path)])
+    assert result.exit_code == 1 and "is not a trtspec model repository" in result.stderr

@@ -1,0 +1,99 @@
+"""The client half of ``trtspec generate``: ``--url HOST:PORT [--http]`` against a running server.
+
+:func:`remote_generate` is the body ``generate`` calls when given ``--url``;
+:func:`generate_url` is the same as a stand-alone command.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+
+from trtspec.cli.common import JsonOpt, domain_errors, log, print_json
+
+
+def remote_generate(
+    *,
+    url: str,
+    prompt: str,
+    http: bool = False,
+    max_tokens: int = 128,
+    speculation: str = "auto",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    stop: Sequence[str] | None = None,
+    json_out: bool = False,
+    timeout_s: float = 600.0,
+) -> None:
+    """One request to the ``spec_decode`` model at ``url`` (gRPC, or HTTP ``generate`` endpoints with ``http``).
+
+    Streams text to stdout as it arrives (``--json``: one JSON object at the end);
+    a server error becomes ``error: <its one-line message>`` and exit code 1.
+    """
+    from trtspec.serving.client import GenerateParams, generate
+
+    params = GenerateParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop_words=tuple(stop or ()),
+        speculation=speculation,
+    )
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    with domain_errors():
+        result = generate(
+            url, prompt, params, http=http, stream=not json_out, on_text=None if json_out else show, timeout_s=timeout_s
+        )
+    if json_out:
+        out = result.to_dict()
+        out["url"] = url
+        print_json(out)
+        return
+    sys.stdout.write("\n")
+    rate = f"{result.acceptance_rate:.1%}" if result.acceptance_rate is not None else "n/a"
+    ttft = f"{result.ttft_s * 1000:.0f} ms" if result.ttft_s is not None else "n/a"
+    log(
+        "\\[stats] "  # escaped: Rich would take "[stats]" for a markup tag and drop it
+        f"{result.num_output_tokens} tokens in {result.total_s:.2f}s ({result.tokens_per_s:.1f} tok/s), "
+        f"TTFT {ttft}, acceptance {rate}, finish={result.finish_reason} ({result.protocol})"
+    )
+
+
+def generate_url(
+    url: Annotated[str, typer.Option("--url", help="Server address HOST:PORT (gRPC port, or HTTP port with --http).")],
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.")],
+    http: Annotated[bool, typer.Option("--http", help="Use Triton's HTTP generate endpoints instead of gRPC.")] = False,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 128,
+    speculation: Annotated[str, typer.Option("--speculation", help="auto | on | off")] = "auto",
+    temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="0 disables top-k.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Generate text for one prompt on a running trtspec server."""
+    remote_generate(
+        url=url,
+        prompt=prompt,
+        http=http,
+        max_tokens=max_tokens,
+        speculation=speculation,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=stop,
+        json_out=json_out,
+    )

@@ -1,0 +1,383 @@
+"""Client side of the ``spec_decode`` interface: gRPC streaming and Triton's HTTP generate endpoints.
+
+- gRPC: ``tritonclient.grpc`` bidirectional stream (``start_stream`` /
+  ``async_stream_infer``); the only way to reach a decoupled model over gRPC.
+  Cancelling (``cancel`` event) closes the stream with ``cancel_requests=True``,
+  which the server sees as a cancelled request.
+- HTTP: ``POST /v2/models/spec_decode/generate`` (one JSON object) or
+  ``generate_stream`` (server-sent events, one per response); plain ``urllib``.
+
+Both return a :class:`ClientResult`: the text, the per-request counts the final
+response carries, time to first token and total time as the client saw them.
+Errors the server answers become :class:`ClientError` with its one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trtspec.errors import TrtspecError
+from trtspec.serving.protocol import SPEC_DECODE
+
+OnText = Callable[[str], None]
+
+
+class ClientError(TrtspecError):
+    """The server answered an error (or could not be reached)."""
+
+    def __init__(self, message: str, code: str | None = None, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code  # INVALID_ARG, UNAVAILABLE, ... when the transport says
+        self.http_status = http_status
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    """The optional inputs of one request; None leaves the server's default."""
+
+    max_tokens: int = 128
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_words: Sequence[str] = ()
+    speculation: str | None = None  # auto | on | off
+    priority: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Input name -> value, for the inputs this request sets."""
+        out: dict[str, Any] = {"max_tokens": int(self.max_tokens)}
+        for name in ("temperature", "top_k", "top_p", "seed", "speculation", "priority"):
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = v
+        if self.stop_words:
+            out["stop_words"] = list(self.stop_words)
+        return out
+
+
+@dataclass
+class ClientResult:
+    text: str
+    finish_reason: str | None
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    acceptance_rate: float | None = None  # None when nothing was drafted
+    ttft_s: float | None = None  # request sent -> first text received
+    total_s: float = 0.0
+    protocol: str = "grpc"
+    chunks: list[str] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tokens_per_s"] = self.tokens_per_s
+        return d
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """``HOST:PORT``, optionally with ``http://`` or ``grpc://``, as (host, port)."""
+    rest = url.split("://", 1)[-1].rstrip("/")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ClientError(f"server address must be HOST:PORT, got {url!r}")
+    return host, int(port)
+
+
+def generate(
+    url: str,
+    prompt: str,
+    params: GenerateParams = GenerateParams(),
+    *,
+    http: bool = False,
+    stream: bool = True,
+    on_text: OnText | None = None,
+    cancel: threading.Event | None = None,
+    timeout_s: float = 600.0,
+    model: str = SPEC_DECODE,
+) -> ClientResult:
+    """One request over gRPC (default) or HTTP (``http=True``)."""
+    if http:
+        return generate_http(url, prompt, params, stream=stream, on_text=on_text, timeout_s=timeout_s, model=model)
+    return generate_grpc(
+        url, prompt, params, stream=stream, on_text=on_text, cancel=cancel, timeout_s=timeout_s, model=model
+    )
+
+
+# -- gRPC ------------------------------------------------------------------------------
+
+_GRPC_TYPES = {
+    "text_input": ("BYTES", np.object_),
+    "max_tokens": ("INT32", np.int32),
+    "stream": ("BOOL", np.bool_),
+    "temperature": ("FP32", np.float32),
+    "top_k": ("INT32", np.int32),
+    "top_p": ("FP32", np.float32),
+    "seed": ("INT64", np.int64),
+    "stop_words": ("BYTES", np.object_),
+    "speculation": ("BYTES", np.object_),
+    "priority": ("INT32", np.int32),
+}
+
+
+def grpc_inputs(values: Mapping[str, Any]) -> list:
+    """``tritonclient.grpc.InferInput``s for ``values`` (shape ``[1, n]``: batch of one)."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, value in values.items():
+        triton_type, dtype = _GRPC_TYPES[name]
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if dtype is np.object_:
+            items = [v.encode("utf-8") if isinstance(v, str) else v for v in items]
+        arr = np.array([items], dtype=dtype)  # [1, n]
+        inp = grpcclient.InferInput(name, list(arr.shape), triton_type)
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    return inputs
+
+
+@dataclass
+class StreamedResponse:
+    """One response of a gRPC stream: its outputs as numpy arrays, whether it was the final one."""
+
+    outputs: dict[str, np.ndarray]
+    final: bool
+    at_s: float  # seconds after the request was sent
+
+
+def stream_infer(
+    url: str,
+    model: str,
+    inputs: list,
+    *,
+    on_response: Callable[[StreamedResponse], None] | None = None,
+    cancel: threading.Event | None = None,
+    timeout_s: float = 600.0,
+    request_id: str = "",
+) -> tuple[list[StreamedResponse], bool]:
+    """Send one request on a fresh gRPC stream; collect responses until the final one.
+
+    Returns (responses, cancelled). Raises :class:`ClientError` on an error response.
+    """
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    responses: list[StreamedResponse] = []
+    done = False
+    try:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        t0 = time.perf_counter()
+        client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        deadline = t0 + timeout_s
+        while True:
+            if cancel is not None and cancel.is_set():
+                return responses, True
+            try:
+                result, error = events.get(timeout=0.05)  # short waits so a cancel is noticed
+            except queue.Empty:
+                if time.perf_counter() > deadline:
+                    raise ClientError(f"no final response within {timeout_s:.0f}s") from None
+                continue
+            if error is not None:
+                done = True
+                msg = error.message() if isinstance(error, InferenceServerException) else str(error)
+                code = error.status() if isinstance(error, InferenceServerException) else None
+                raise ClientError(_one_line(msg), code=code)
+            resp = result.get_response()
+            final = bool(resp.parameters["triton_final_response"].bool_param) if "triton_final_response" in resp.parameters else False
+            outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
+            item = StreamedResponse(outputs, final, time.perf_counter() - t0)
+            if outputs:  # the empty final response carries nothing
+                responses.append(item)
+            if on_response is not None:
+                on_response(item)
+            if final:
+                done = True
+                return responses, False
+    except InferenceServerException as e:
+        raise ClientError(_one_line(e.message()), code=e.status()) from None
+    finally:
+        try:
+            client.stop_stream(cancel_requests=not done)
+        finally:
+            client.close()
+
+
+def generate_grpc(
+    url: str,
+    prompt: str,
+    params: GenerateParams = GenerateParams(),
+    *,
+    stream: bool = True,
+    on_text: OnText | None = None,
+    cancel: threading.Event | None = None,
+    timeout_s: float = 600.0,
+    model: str = SPEC_DECODE,
+    request_id: str = "",
+) -> ClientResult:
+    """One request over a gRPC stream; ``on_text`` gets each text piece as it arrives."""
+    values = {"text_input": prompt, "stream": stream, **params.fields()}
+    t0 = time.perf_counter()
+    first: list[float] = []
+
+    def on_response(r: StreamedResponse) -> None:
+        text = _text(r.outputs.get("text_output"))
+        if text:
+            if not first:
+                first.append(r.at_s)
+            if on_text is not None:
+                on_text(text)
+
+    responses, cancelled = stream_infer(
+        url, model, grpc_inputs(values), on_response=on_response, cancel=cancel, timeout_s=timeout_s,
+        request_id=request_id,
+    )
+    chunks = [t for r in responses if (t := _text(r.outputs.get("text_output")))]
+    final = responses[-1].outputs if responses and not cancelled else {}
+    result = _result(chunks, final, protocol="grpc", total_s=time.perf_counter() - t0)
+    result.ttft_s = first[0] if first else None
+    if cancelled:
+        result.finish_reason = "cancelled"
+    return result
+
+
+# -- HTTP --------------------------------------------------------------------------------
+
+
+def generate_http(
+    url: str,
+    prompt: str,
+    params: GenerateParams = GenerateParams(),
+    *,
+    stream: bool = False,
+    on_text: OnText | None = None,
+    timeout_s: float = 600.0,
+    model: str = SPEC_DECODE,
+) -> ClientResult:
+    """One request to Triton's ``generate`` (``stream=False``) or ``generate_stream`` endpoint."""
+    host, port = parse_url(url)
+    endpoint = "generate_stream" if stream else "generate"
+    body = {"text_input": prompt, "stream": stream, **params.fields()}
+    req = urllib.request.Request(
+        f"http://{host}:{port}/v2/models/{model}/{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    t0 = time.perf_counter()
+    ttft: float | None = None
+    events: list[dict] = []
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            if not stream:
+                events.append(json.loads(resp.read()))
+                ttft = time.perf_counter() - t0
+            else:
+                for raw in resp:  # server-sent events: "data: {...}" lines
+                    line = raw.decode("utf-8").strip()
+                    if not line.startswith("data:"):
+                        continue
+                    event = json.loads(line[len("data:") :])
+                    if "error" in event:
+                        raise ClientError(_one_line(str(event["error"])))
+                    text = event.get("text_output") or ""
+                    if text:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        if on_text is not None:
+                            on_text(text)
+                    events.append(event)
+    except urllib.error.HTTPError as e:
+        raise _http_error(e) from None
+    except urllib.error.URLError as e:
+        raise ClientError(f"cannot reach {host}:{port}: {e.reason}", code="UNAVAILABLE") from None
+    if not stream:
+        if events and "error" in events[0]:
+            raise ClientError(_one_line(str(events[0]["error"])))
+        if on_text is not None and events and events[0].get("text_output"):
+            on_text(events[0]["text_output"])
+    chunks = [t for e in events if (t := e.get("text_output") or "")]
+    final = {k: np.array([v]) for k, v in (events[-1] if events else {}).items()}
+    result = _result(chunks, final, protocol="http", total_s=time.perf_counter() - t0)
+    result.ttft_s = ttft
+    return result
+
+
+_HTTP_CODES = {400: "INVALID_ARG", 404: "NOT_FOUND", 499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+
+
+def _http_error(e: urllib.error.HTTPError) -> ClientError:
+    body = e.read().decode("utf-8", errors="replace").strip()
+    if body.startswith("data:"):  # generate_stream answers an early error as an event
+        body = body[len("data:") :].strip()
+    try:
+        message = json.loads(body).get("error", body)
+    except (json.JSONDecodeError, AttributeError):
+        message = body or e.reason
+    return ClientError(_one_line(str(message)), code=_HTTP_CODES.get(e.code), http_status=e.code)
+
+
+# -- shared -----------------------------------------------------------------------------
+
+
+def _text(arr: np.ndarray | None) -> str:
+    if arr is None:
+        return ""
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size == 0:
+        return ""
+    v = flat[0]
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _scalar(final: Mapping[str, np.ndarray], name: str, cast: Callable[[Any], Any], default: Any) -> Any:
+    arr = final.get(name)
+    if arr is None:
+        return default
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size == 0:
+        return default
+    v = flat[0]
+    return cast(v.decode() if isinstance(v, bytes) else v)
+
+
+def _result(chunks: list[str], final: Mapping[str, np.ndarray], *, protocol: str, total_s: float) -> ClientResult:
+    drafted = _scalar(final, "num_draft_tokens", int, 0)
+    return ClientResult(
+        text="".join(chunks),
+        finish_reason=_scalar(final, "finish_reason", str, None),
+        num_input_tokens=_scalar(final, "num_input_tokens", int, 0),
+        num_output_tokens=_scalar(final, "num_output_tokens", int, 0),
+        num_draft_tokens=drafted,
+        num_accepted_tokens=_scalar(final, "num_accepted_tokens", int, 0),
+        acceptance_rate=_scalar(final, "acceptance_rate", float, None) if drafted else None,
+        total_s=total_s,
+        protocol=protocol,
+        chunks=chunks,
+        output_ids=[int(t) for t in np.asarray(final.get("output_ids", [])).reshape(-1)],
+    )
+
+
+def _one_line(text: str) -> str:
+    text = text.strip()
+    return text.splitlines()[0] if text else "unknown error"

@@ -1,0 +1,405 @@
+"""Start a real ``tritonserver`` on a model repository, wait for it, stop it cleanly.
+
+Which binary: the ``tritonserver`` on ``PATH`` (NVIDIA's container), else the
+one shipped in the ``nvidia-pytriton`` wheel. The wheel's server needs three
+things to load Python-backend models (measured, see DESIGN.md):
+
+- the wheel's ``nvidia_pytriton.libs/`` on ``LD_LIBRARY_PATH``;
+- a backend directory whose ``python/`` holds ``libtriton_python.so``,
+  ``triton_python_backend_utils.py`` and the stub built for THIS Python
+  (``python_backend_stubs/3.X/triton_python_backend_stub``) -- we assemble
+  one in the server's work directory;
+- the running interpreter's ``bin/`` first on ``PATH`` (the stub finds its
+  ``python3`` -- and so the installed ``trtspec`` -- through it);
+- the running interpreter's ``libpython3.X.so`` found first: the stub loads
+  libpython by soname, and with the system's library of another patch release
+  (Debian's 3.11.2 under a pyenv 3.11.7 venv) stdlib extensions such as
+  ``_ssl`` fail to import ("undefined symbol: _PyModule_Add").
+
+The server runs with ``--model-control-mode=explicit --load-model=*`` so that a
+dead model (Triton does not restart a Python stub) can be reloaded through
+the repository API. Ports given as 0 are picked free on ``host``. OpenMP
+threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless set): the three
+models are processes taking turns on the same cores.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.errors import TrtspecError
+
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_METRICS_PORT = 8002
+
+
+class ServerError(TrtspecError):
+    """tritonserver is missing, did not start, or died."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """A ``tritonserver`` binary and what it needs to run Python-backend models."""
+
+    executable: Path
+    source: str  # "PATH" | "nvidia-pytriton"
+    lib_dir: Path | None = None  # prepended to LD_LIBRARY_PATH (wheel only)
+    python_backend_dir: Path | None = None  # the wheel's backends/python (stub not inside)
+    stub: Path | None = None  # the wheel's stub for this Python version
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment the server runs in: our interpreter's bin first on PATH, the wheel's libs."""
+        env = dict(os.environ if base is None else base)
+        py_bin = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", "")])
+        # The stub links against libpython3.X.so by soname: make it find THIS
+        # interpreter's (a pyenv or venv Python's stdlib extensions fail on the
+        # system libpython of another patch release: "undefined symbol").
+        libs = [str(self.lib_dir)] if self.lib_dir is not None else []
+        py_lib = python_shared_lib_dir()
+        if py_lib is not None:
+            libs.append(str(py_lib))
+        if libs:
+            ld = env.get("LD_LIBRARY_PATH", "")
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *([ld] if ld else [])])
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        # draft, target and spec_decode are separate processes taking turns on
+        # the same cores; OpenMP threads spinning after each op in one of them
+        # starve the next (measured: 40 tokens, tiny models, 2 cores: 2.3 s
+        # spinning, 0.08 s passive).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        return env
+
+    def make_backend_dir(self, work_dir: Path) -> Path | None:
+        """A backend directory with a Python backend for this interpreter (wheel only; None: server default)."""
+        if self.python_backend_dir is None:
+            return None
+        assert self.stub is not None
+        dest = work_dir / "backends" / "python"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            shutil.copy2(self.python_backend_dir / name, dest / name)
+        shutil.copy2(self.stub, dest / "triton_python_backend_stub")
+        return dest.parent
+
+
+def python_shared_lib_dir() -> Path | None:
+    """The directory holding this interpreter's ``libpython3.X.so`` (None for a static build)."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    soname = sysconfig.get_config_var("INSTSONAME")
+    if not libdir or not soname or not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return None
+    return Path(libdir) if (Path(libdir) / soname).is_file() else None
+
+
+def find_tritonserver() -> TritonInstall:
+    """The ``tritonserver`` on PATH, else the one in the ``nvidia-pytriton`` wheel."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(executable=Path(on_path), source="PATH")
+    try:
+        import pytriton
+    except ImportError:
+        raise ServerError(
+            "no tritonserver found: none on PATH and the nvidia-pytriton wheel is not installed "
+            "(pip install nvidia-pytriton, or run inside NVIDIA's Triton container)"
+        ) from None
+    root = Path(pytriton.__file__).resolve().parent
+    dist = root / "tritonserver"
+    exe = dist / "bin" / "tritonserver"
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    libs = root.parent / "nvidia_pytriton.libs"
+    missing = [p for p in (exe, stub, libs, dist / "backends" / "python" / "libtriton_python.so") if not p.exists()]
+    if missing:
+        raise ServerError(f"the nvidia-pytriton wheel at {root} lacks {missing[0]} (Python {version} unsupported?)")
+    return TritonInstall(
+        executable=exe,
+        source="nvidia-pytriton",
+        lib_dir=libs,
+        python_backend_dir=dist / "backends" / "python",
+        stub=stub,
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host != "0.0.0.0" else "", 0))
+        return int(s.getsockname()[1])
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def http(self) -> str:
+        return f"{_connect_host(self.host)}:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"{_connect_host(self.host)}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{_connect_host(self.host)}:{self.metrics_port}/metrics"
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "http": f"http://{self.http}",
+            "grpc": self.grpc,
+            "metrics": self.metrics_url,
+            "generate": f"http://{self.http}/v2/models/spec_decode/generate",
+            "generate_stream": f"http://{self.http}/v2/models/spec_decode/generate_stream",
+        }
+
+
+@dataclass
+class TritonServer:
+    """One ``tritonserver`` process on ``model_repo``. Use as a context manager.
+
+    ``start()`` returns once the server and every model in the repository are
+    ready, or raises :class:`ServerError` quoting the last log lines.
+    """
+
+    model_repo: Path
+    host: str = "127.0.0.1"
+    http_port: int = 0  # 0: pick a free port
+    grpc_port: int = 0
+    metrics_port: int = 0
+    log_file: Path | None = None  # default: <work_dir>/tritonserver.log
+    work_dir: Path | None = None  # default: a fresh temporary directory, removed on stop
+    startup_timeout_s: float = 300.0
+    log_verbose: int = 0
+    extra_args: Sequence[str] = ()
+    install: TritonInstall | None = None
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _own_work_dir: bool = field(default=False, init=False, repr=False)
+    _log_handle: object = field(default=None, init=False, repr=False)
+    endpoints: Endpoints | None = field(default=None, init=False)
+
+    # -- lifecycle --------------------------------------------------------
+
+    def start(self) -> Endpoints:
+        if self._proc is not None:
+            raise ServerError("server already started")
+        repo = Path(self.model_repo).resolve()
+        if not repo.is_dir():
+            raise ServerError(f"model repository not found: {repo}")
+        install = self.install or find_tritonserver()
+        if self.work_dir is None:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
+            self._own_work_dir = True
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.log_file is None:
+            self.log_file = self.work_dir / "tritonserver.log"
+        self.log_file = Path(self.log_file).resolve()
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        backend_dir = install.make_backend_dir(self.work_dir)
+
+        # A port picked free can be taken before the server binds it: retry
+        # with fresh picks when we chose the ports ourselves.
+        picked = 0 in (self.http_port, self.grpc_port, self.metrics_port)
+        attempts = 3 if picked else 1
+        try:
+            for attempt in range(attempts):
+                self.endpoints = Endpoints(
+                    host=self.host,
+                    http_port=self.http_port or free_port(self.host),
+                    grpc_port=self.grpc_port or free_port(self.host),
+                    metrics_port=self.metrics_port or free_port(self.host),
+                )
+                log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
+                self._log_handle = self.log_file.open("ab")
+                self._proc = subprocess.Popen(
+                    self._command(install, repo, backend_dir, self.endpoints),
+                    stdout=self._log_handle,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=install.env(),
+                    cwd=str(self.work_dir),
+                    start_new_session=True,  # a Ctrl-C meant for us does not reach the server twice
+                )
+                try:
+                    self._wait_ready(repo)
+                    return self.endpoints
+                except ServerError:
+                    self._terminate()
+                    if not (picked and attempt + 1 < attempts and self._port_clash(log_start)):
+                        raise
+            raise AssertionError("unreachable")
+        except BaseException:
+            self.stop()  # never leave a server behind, whatever interrupted the start
+            raise
+
+    def _port_clash(self, since: int) -> bool:
+        assert self.log_file is not None
+        with Path(self.log_file).open("rb") as f:
+            f.seek(since)
+            return b"address already in use" in f.read().lower()
+
+    def _command(self, install: TritonInstall, repo: Path, backend_dir: Path | None, ep: Endpoints) -> list[str]:
+        cmd = [
+            str(install.executable),
+            f"--model-repository={repo}",
+            "--model-control-mode=explicit",
+            "--load-model=*",
+            # Our configs are complete; auto-completion would start every Python
+            # model's stub once more just to ask it (each import of torch costs seconds).
+            "--disable-auto-complete-config",
+            f"--http-address={self.host}",
+            f"--http-port={ep.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={ep.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={ep.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-gpu-metrics=false",
+            f"--log-verbose={self.log_verbose}",
+            "--exit-on-error=true",
+            "--exit-timeout-secs=10",
+        ]
+        if backend_dir is not None:
+            cmd.append(f"--backend-directory={backend_dir}")
+        cmd.extend(self.extra_args)
+        return cmd
+
+    def _wait_ready(self, repo: Path) -> None:
+        assert self._proc is not None and self.endpoints is not None
+        models = sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
+        base = f"http://{self.endpoints.http}"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise ServerError(f"tritonserver exited with code {code} while starting; {self._log_excerpt()}")
+            if _http_ok(f"{base}/v2/health/ready") and all(
+                _http_ok(f"{base}/v2/models/{m}/ready") for m in models
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"tritonserver not ready after {self.startup_timeout_s:.0f}s; {self._log_excerpt()}"
+                )
+            time.sleep(0.2)  # polling interval while waiting for readiness
+
+    def _log_excerpt(self, lines: int = 8) -> str:
+        """Why the server failed: its model-load errors (one line each), else the log's last lines."""
+        where = f"log: {self.log_file}"
+        failures = self.load_errors()
+        if failures:
+            return f"{'; '.join(failures)}; {where}"
+        tail = self.log_tail(lines)
+        return f"{where}; last lines:\n{tail}" if tail else where
+
+    def load_errors(self) -> list[str]:
+        """The first line of every "failed to load" error in the log, e.g.
+        ``failed to load 'draft' version 1: Internal: RuntimeError: ...``."""
+        if self.log_file is None or not Path(self.log_file).is_file():
+            return []
+        found: list[str] = []
+        for line in Path(self.log_file).read_text(errors="replace").splitlines():
+            m = _GLOG_ERROR.match(line)
+            if m and "failed to load" in m.group(1):
+                msg = m.group(1).split("\\n", 1)[0].strip()  # Triton escapes the traceback's newlines
+                if msg not in found:
+                    found.append(msg)
+        return found[-5:]
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log_file is None or not Path(self.log_file).is_file():
+            return ""
+        text = Path(self.log_file).read_text(errors="replace").rstrip().splitlines()
+        return "\n".join(text[-lines:])
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the server exits (or ``timeout``); its exit code, None if still running."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM the server (Triton unloads models and exits), SIGKILL its group after ``timeout_s``;
+        remove the work directory we made (kept, minus the backends, when it holds the log)."""
+        code = self._terminate(timeout_s)
+        if self._own_work_dir and self.work_dir is not None:
+            keep_log = self.log_file is not None and self.work_dir in Path(self.log_file).parents
+            shutil.rmtree(self.work_dir / "backends" if keep_log else self.work_dir, ignore_errors=True)
+        return code
+
+    def _terminate(self, timeout_s: float = 30.0) -> int | None:
+        proc, self._proc = self._proc, None
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc.pid)
+                    proc.wait(10)
+            code = proc.returncode
+            # Python stubs are the server's children, in its process group.
+            _kill_group(proc.pid)
+        if self._log_handle is not None:
+            self._log_handle.close()  # type: ignore[attr-defined]
+            self._log_handle = None
+        return code
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_GLOG_ERROR = re.compile(r'^E\d{4} [\d:.]+\s+\d+ \S+\] "(.*?)"?$')
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False

@@ -1,0 +1,122 @@
+"""The draft and target as seen from ``spec_decode``: language models behind BLS calls.
+
+:class:`BLSLanguageModel` / :class:`BLSSession` implement the loop's
+:class:`~trtspec.spec.protocols.LanguageModel` / ``LMSession`` over the
+draft/target protocol (``protocol.LM_INPUTS``). The session keeps the token
+list the remote cache should hold: ``forward`` appends and calls the model with
+the WHOLE list, ``truncate`` only shortens the list (the model sees the
+rollback on the next call, as the common prefix of old and new). The remote
+cache is an optimisation: a restarted or evicted model re-prefills, and the
+logits are the same.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from trtspec.errors import TrtspecError
+
+
+class BLSError(TrtspecError):
+    """A call to the draft or target model failed (model down, unloaded, or it answered an error)."""
+
+
+class BLSLanguageModel:
+    """A Triton model speaking the draft/target protocol, called through BLS."""
+
+    def __init__(self, pb: Any, model_name: str, vocab_size: int, max_context: int) -> None:
+        self._pb = pb
+        self.model_name = model_name
+        self._vocab = vocab_size
+        self._max_context = max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    def new_session(self, session_id: str = "") -> BLSSession:
+        # Client request ids may repeat or be empty; the session id must not.
+        unique = f"{session_id}:{uuid.uuid4().hex[:16]}" if session_id else uuid.uuid4().hex
+        return BLSSession(self, unique)
+
+    def call(self, session_id: str, token_ids: Sequence[int], num_logits: int, release: bool = False) -> np.ndarray:
+        """One BLS request; float32 logits ``[num_logits, vocab]``."""
+        pb = self._pb
+        inputs = [
+            pb.Tensor("session_id", np.array([session_id.encode()], dtype=np.object_)),
+            pb.Tensor("token_ids", np.asarray(token_ids, dtype=np.int64).reshape(-1)),
+            pb.Tensor("num_logits", np.array([num_logits], dtype=np.int32)),
+        ]
+        if release:
+            inputs.append(pb.Tensor("release", np.array([True], dtype=np.bool_)))
+        request = pb.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=["logits"])
+        try:
+            response = request.exec()
+        except Exception as e:  # the stub raises when the model is missing or not ready
+            raise BLSError(f"model '{self.model_name}' is unavailable: {_one_line(e)}") from e
+        if response.has_error():
+            raise BLSError(f"model '{self.model_name}' failed: {_one_line(response.error().message())}")
+        out = pb.get_output_tensor_by_name(response, "logits")
+        if out is None:
+            raise BLSError(f"model '{self.model_name}' returned no 'logits' output")
+        logits = np.array(out.as_numpy(), dtype=np.float32, copy=True)  # own it: the response's memory is released
+        if logits.shape != (num_logits, self._vocab):
+            raise BLSError(
+                f"model '{self.model_name}' returned logits of shape {tuple(logits.shape)}, "
+                f"expected ({num_logits}, {self._vocab})"
+            )
+        return logits
+
+
+class BLSSession:
+    """One sequence on a :class:`BLSLanguageModel`; see the module docstring."""
+
+    def __init__(self, model: BLSLanguageModel, session_id: str) -> None:
+        self._model = model
+        self.session_id = session_id
+        self._tokens: list[int] = []
+        self._closed = False
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._tokens)
+
+    def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
+        if self._closed:
+            raise RuntimeError(f"session {self.session_id!r} is closed")
+        if len(token_ids) == 0:
+            raise ValueError("forward needs at least one token")
+        if not 0 <= num_logits <= len(token_ids):
+            raise ValueError(f"num_logits must be in [0, {len(token_ids)}], got {num_logits}")
+        tokens = self._tokens + [int(t) for t in token_ids]
+        if len(tokens) > self._model.max_context:
+            raise ValueError(f"sequence would hold {len(tokens)} tokens; context is {self._model.max_context}")
+        logits = self._model.call(self.session_id, tokens, num_logits)
+        self._tokens = tokens  # only once the model holds them
+        return torch.from_numpy(logits)
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= len(self._tokens):
+            raise ValueError(f"cannot truncate a sequence of {len(self._tokens)} tokens to {length}")
+        del self._tokens[length:]
+
+    def close(self) -> None:
+        """Tell the model to free the cache (best effort: LRU eviction frees it otherwise)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._model.call(self.session_id, [], 0, release=True)
+
+
+def _one_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

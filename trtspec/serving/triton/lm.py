@@ -1,0 +1,168 @@
+"""The ``draft`` and ``target`` models of the torch backend: a runtime plus its KV caches.
+
+Inputs and outputs: ``protocol.LM_INPUTS`` / ``LM_OUTPUTS`` (the BLS protocol
+``spec_decode`` speaks). Caches live in a :class:`~trtspec.serving.sessions.SessionStore`,
+one per sequence, evicted LRU. Not decoupled: ``execute`` answers each request
+of the batch in order; a bad request gets ``INVALID_ARG`` and the others
+their logits.
+
+Model parameters (``config.pbtxt``, all strings):
+
+==================  ==========================================================
+``checkpoint``      HF directory or ``.gguf`` file (required)
+``precision``       auto | fp32 | bf16 | fp16 | int8 (default auto)
+``device``          auto | cpu | cuda[:N] (default auto)
+``max_context``     most tokens per sequence; 0 = the checkpoint's (default 0)
+``max_sessions``    KV caches kept before the least recently used is evicted (64)
+``num_threads``     torch intra-op threads; 0 = torch's default (0)
+``warmup``          run a dummy sequence at load (true)
+==================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from trtspec.errors import InvalidRequestError
+from trtspec.serving.sessions import SessionStore
+from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
+
+
+class TritonPythonModel:
+    """``draft`` / ``target``: see the module docstring."""
+
+    def __init__(self, pb: Any = None) -> None:
+        self._pb_override = pb
+        self.pb: Any = None
+        self.name = ""
+        self.store: SessionStore | None = None
+        self.loaded: Any = None
+        self.warmup_s: float | None = None
+
+    # -- Triton entry points -------------------------------------------------
+
+    def initialize(self, args: dict) -> None:
+        import torch
+
+        from trtspec.runtime.torch.loader import load_model
+
+        self.pb = load_pb_utils(self._pb_override)
+        config = json.loads(args["model_config"])
+        self.name = args.get("model_name") or config.get("name", "lm")
+        params = model_parameters(config)
+        checkpoint = param_str(params, "checkpoint")
+        if not checkpoint:
+            raise ValueError(f"model '{self.name}': parameter 'checkpoint' is required")
+        threads = param_int(params, "num_threads", 0)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        max_context = param_int(params, "max_context", 0)
+        self.loaded = load_model(
+            checkpoint,
+            param_str(params, "precision", "auto"),  # type: ignore[arg-type]
+            param_str(params, "device", "auto"),
+            max_context=max_context or None,
+        )
+        self.store = SessionStore(self.loaded.lm, param_int(params, "max_sessions", 64))
+        if param_bool(params, "warmup", True):
+            self.warmup_s = self.warm_up()
+        self.pb.Logger.log_info(
+            f"trtspec {self.name}: {self.loaded.path} ({self.loaded.impl}, {self.loaded.precision}) loaded in "
+            f"{self.loaded.load_time_s:.2f}s; vocab {self.loaded.lm.vocab_size}, context {self.loaded.lm.max_context}, "
+            f"warm-up {self.warmup_s if self.warmup_s is not None else 'off'}"
+        )
+
+    def execute(self, requests: list) -> list:
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._one(request))
+            except InvalidRequestError as e:
+                responses.append(self._error(str(e), "INVALID_ARG"))
+            except Exception as e:  # one request's failure must not fail the others
+                self.pb.Logger.log_error(f"trtspec {self.name}: {traceback.format_exc()}")
+                responses.append(self._error(f"{self.name} failed: {type(e).__name__}: {_one_line(e)}", "INTERNAL"))
+        return responses
+
+    def finalize(self) -> None:
+        if self.store is not None:
+            self.store.clear()
+
+    # -- one request -------------------------------------------------------------
+
+    def _one(self, request: Any) -> Any:
+        pb = self.pb
+        assert self.store is not None
+        session_id = _scalar(pb, request, "session_id")
+        if isinstance(session_id, bytes):
+            session_id = session_id.decode("utf-8", errors="replace")
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidRequestError("session_id must be a non-empty string")
+        release = _scalar(pb, request, "release", required=False)
+        vocab = self.store.lm.vocab_size
+        if release is not None and bool(release):
+            self.store.release(session_id)
+            return self._logits(np.zeros((0, vocab), dtype=np.float32))
+        ids_t = pb.get_input_tensor_by_name(request, "token_ids")
+        if ids_t is None:
+            raise InvalidRequestError("input 'token_ids' is required")
+        ids = ids_t.as_numpy()
+        if ids.dtype.kind not in "iu":
+            raise InvalidRequestError(f"token_ids must be integers, got {ids.dtype}")
+        num_logits = _scalar(pb, request, "num_logits")
+        if isinstance(num_logits, (bool, np.bool_)) or not isinstance(num_logits, (int, np.integer)):
+            raise InvalidRequestError(f"num_logits must be an integer, got {num_logits!r}")
+        logits = self.store.run(session_id, ids.reshape(-1), int(num_logits))
+        return self._logits(logits.float().cpu().numpy())
+
+    def _logits(self, arr: np.ndarray) -> Any:
+        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor("logits", np.ascontiguousarray(arr, np.float32))])
+
+    def _error(self, message: str, code: str) -> Any:
+        pb = self.pb
+        return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message, error_code(pb, code)))
+
+    # -- warm-up -----------------------------------------------------------------
+
+    def warm_up(self) -> float:
+        """Run one dummy sequence through every call shape the loop uses, so the first request does not pay for lazy initialisation."""
+        assert self.store is not None
+        lm = self.store.lm
+        t0 = time.perf_counter()
+        n = max(2, min(32, lm.max_context - 8))
+        prompt = (np.arange(n, dtype=np.int64) * 7 + 3) % lm.vocab_size
+        sid = "__trtspec_warmup__"
+        seq = list(prompt)
+        self.store.run(sid, seq, 1)  # prefill
+        for step in range(min(3, lm.max_context - n - 6)):  # decode steps
+            seq.append((step * 11 + 5) % lm.vocab_size)
+            self.store.run(sid, seq, 1)
+        verify = [(i * 13 + 1) % lm.vocab_size for i in range(min(5, lm.max_context - len(seq)))]
+        if verify:
+            self.store.run(sid, seq + verify, len(verify))  # verify k tokens in one pass
+            self.store.run(sid, seq + verify[:1], 1)  # rollback + bonus
+        self.store.release(sid)
+        self.store.stats = type(self.store.stats)()  # warm-up does not count
+        return time.perf_counter() - t0
+
+
+def _scalar(pb: Any, request: Any, name: str, required: bool = True) -> Any:
+    t = pb.get_input_tensor_by_name(request, name)
+    if t is None:
+        if required:
+            raise InvalidRequestError(f"input '{name}' is required")
+        return None
+    arr = t.as_numpy().reshape(-1)
+    if arr.size != 1:
+        raise InvalidRequestError(f"input '{name}' must hold one value, got {arr.size}")
+    return arr[0].item() if arr.dtype != np.object_ else arr[0]
+
+
+def _one_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,475 @@
+"""The ``spec_decode`` model: validate, route, run the draft-verify loop, stream.
+
+Decoupled. ``execute`` validates each request of the batch (a bad one gets
+``INVALID_ARG`` at once, the others go on) and hands the good ones to a small
+thread pool, so several requests progress concurrently. A worker tokenizes the
+prompt, picks the draft-length policy (:func:`choose_policy`), and runs the
+unchanged :class:`~trtspec.spec.SpeculativeDecoder` on BLS proxies of the
+``draft`` and ``target`` models (:mod:`trtspec.serving.triton.bls`), so the
+draft runs in its own process. With ``stream`` true every loop chunk with text
+is sent as it is made; the final response (the final flag, sent exactly once
+per request, also on error) carries the per-request counts.
+
+Errors map to Triton codes with one-line messages, never a traceback:
+a malformed request -> ``INVALID_ARG``; the client cancelled -> ``CANCELLED``
+(the loop checks the response sender's ``is_cancelled()`` every iteration); the target model
+failed -> ``UNAVAILABLE``; anything else -> ``INTERNAL`` (traceback in the
+server log). A failing draft is not an error: the loop goes on with the target.
+
+Model parameters (``config.pbtxt``, all strings):
+
+=======================  =====================================================
+``tokenizer_dir``        tokenizer of the pair (required)
+``target_model``         target model name (``target``)
+``draft_model``          draft model name; empty: target alone
+``vocab_size``           logits rows of both models (required)
+``target_max_context``   target's context window in tokens (required)
+``draft_max_context``    draft's context window (required with a draft)
+``max_tokens_limit``     largest ``max_tokens`` a request may ask (1024)
+``draft_length``         ``k``, tokens drafted per iteration (5)
+``max_concurrency``      requests decoded at once (worker threads, 8)
+``apply_chat_template``  wrap ``text_input`` in the tokenizer's chat template (true)
+``warmup``               warm the loop and tokenizer at load (true)
+``policy_file``          control-plane policy (read by the governor, later)
+``manifest_file``        build manifest (informational)
+=======================  =====================================================
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from trtspec.errors import InvalidRequestError
+from trtspec.serving.protocol import SPEC_DECODE, Speculation
+from trtspec.serving.request import ServeRequest, parse_request
+from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
+from trtspec.serving.triton.bls import BLSError, BLSLanguageModel
+from trtspec.spec import (
+    DraftLengthPolicy,
+    FinishReason,
+    FixedDraftLength,
+    GenerationRequest,
+    GenerationResult,
+    SpeculativeDecoder,
+    StopCriteria,
+)
+
+
+@dataclass(frozen=True)
+class SpecDecodeConfig:
+    tokenizer_dir: str
+    vocab_size: int
+    target_max_context: int
+    target_model: str = "target"
+    draft_model: str = ""  # empty: no draft, target alone
+    draft_max_context: int = 0
+    max_tokens_limit: int = 1024
+    draft_length: int = 5
+    max_concurrency: int = 8
+    apply_chat_template: bool = True
+    warmup: bool = True
+    policy_file: str = ""
+    manifest_file: str = ""
+
+    @classmethod
+    def from_model_config(cls, model_config: dict) -> SpecDecodeConfig:
+        p = model_parameters(model_config)
+        missing = [k for k in ("tokenizer_dir", "vocab_size", "target_max_context") if not p.get(k)]
+        if missing:
+            raise ValueError(f"spec_decode: model parameter(s) {', '.join(missing)} required in config.pbtxt")
+        cfg = cls(
+            tokenizer_dir=param_str(p, "tokenizer_dir"),
+            vocab_size=param_int(p, "vocab_size", 0),
+            target_max_context=param_int(p, "target_max_context", 0),
+            target_model=param_str(p, "target_model", "target"),
+            draft_model=param_str(p, "draft_model", ""),
+            draft_max_context=param_int(p, "draft_max_context", 0),
+            max_tokens_limit=param_int(p, "max_tokens_limit", 1024),
+            draft_length=param_int(p, "draft_length", 5),
+            max_concurrency=param_int(p, "max_concurrency", 8),
+            apply_chat_template=param_bool(p, "apply_chat_template", True),
+            warmup=param_bool(p, "warmup", True),
+            policy_file=param_str(p, "policy_file", ""),
+            manifest_file=param_str(p, "manifest_file", ""),
+        )
+        if cfg.draft_model and cfg.draft_max_context <= 0:
+            raise ValueError("spec_decode: draft_max_context is required with a draft_model")
+        if cfg.draft_length < 0 or cfg.max_concurrency < 1 or cfg.max_tokens_limit < 1:
+            raise ValueError("spec_decode: draft_length >= 0, max_concurrency >= 1, max_tokens_limit >= 1 required")
+        return cfg
+
+
+def choose_policy(request: ServeRequest, config: SpecDecodeConfig) -> DraftLengthPolicy:
+    """Route one request and choose its draft length: THE one place that decides.
+
+    Today: a constant ``k`` (``draft_length``) when a draft is deployed and the
+    request does not turn speculation off; ``k = 0`` (target alone) otherwise.
+    The control plane's governor replaces this function.
+    """
+    if request.speculation is Speculation.on and not config.draft_model:
+        raise InvalidRequestError("speculation 'on' needs a draft model; this deployment serves the target alone")
+    if request.speculation is Speculation.off or not config.draft_model:
+        return FixedDraftLength(0)
+    return FixedDraftLength(config.draft_length)
+
+
+class _LockedTokenizer:
+    """The pair's tokenizer shared by worker threads (HF fast tokenizers are not safe to call concurrently)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self._lock = threading.Lock()
+
+    def encode_prompt(self, text: str, raw: bool) -> list[int]:
+        with self._lock:
+            return self._tok.encode_prompt(text, raw=raw)
+
+    def decode(self, token_ids: Any) -> str:
+        with self._lock:
+            return self._tok.decode(token_ids)
+
+    def eos_token_ids(self) -> frozenset[int]:
+        with self._lock:
+            return self._tok.eos_token_ids()
+
+
+class _Metrics:
+    """Request outcomes and token counters as Triton custom metrics (on the metrics port).
+
+    PromQL: ``rate(trtspec_requests_total{outcome="ok"}[1m])``;
+    acceptance rate ``rate(trtspec_accepted_tokens_total[5m]) / rate(trtspec_drafted_tokens_total[5m])``.
+    The families are kept referenced: pb_utils refuses to touch a metric whose family was collected.
+    """
+
+    OUTCOMES = ("ok", "invalid", "cancelled", "unavailable", "error")
+    TOKENS = (
+        ("emitted", "tokens emitted to clients"),
+        ("drafted", "tokens proposed by the draft"),
+        ("accepted", "drafted tokens kept by verification"),
+    )
+
+    def __init__(self, pb: Any, model: str) -> None:
+        self._lock = threading.Lock()
+        self.counts = {o: 0 for o in self.OUTCOMES}
+        self.tokens = {kind: 0 for kind, _ in self.TOKENS}
+        self._families: list[Any] = []
+        self._requests: dict[str, Any] = {}
+        self._token_metrics: dict[str, Any] = {}
+        family = getattr(pb, "MetricFamily", None)
+        if family is None:
+            return
+        req = family(name="trtspec_requests_total", description="spec_decode requests by outcome", kind=family.COUNTER)
+        self._families.append(req)
+        self._requests = {o: req.Metric(labels={"model": model, "outcome": o}) for o in self.OUTCOMES}
+        for kind, desc in self.TOKENS:
+            fam = family(name=f"trtspec_{kind}_tokens_total", description=desc, kind=family.COUNTER)
+            self._families.append(fam)
+            self._token_metrics[kind] = fam.Metric(labels={"model": model})
+
+    def observe(self, outcome: str, result: GenerationResult | None) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+            if outcome in self._requests:
+                self._requests[outcome].increment(1)
+            if result is not None:
+                s = result.stats
+                for kind, n in (("emitted", s.emitted_tokens), ("drafted", s.drafted_tokens), ("accepted", s.accepted_tokens)):
+                    self.tokens[kind] += n
+                    if kind in self._token_metrics and n:
+                        self._token_metrics[kind].increment(n)
+
+
+class _Reply:
+    """One request's response sender, guarded so the final flag goes out exactly once.
+
+    Once the final flag is sent the sender's ``is_cancelled()`` must not be
+    called: it reads the freed response factory and crashes the whole server
+    (seen on Triton 2.51). ``send`` after the final flag is refused by the stub
+    itself, so a final send that failed can still be followed by an error.
+    """
+
+    def __init__(self, pb: Any, sender: Any) -> None:
+        self._pb = pb
+        self._sender = sender
+        self.final_sent = False
+        self._final_failed = False
+
+    def is_cancelled(self) -> bool:
+        return not self.final_sent and bool(self._sender.is_cancelled())
+
+    def send_text(self, text: str) -> None:
+        assert not self.final_sent, "send after the final flag"
+        self._sender.send(self._pb.InferenceResponse(output_tensors=[_text_tensor(self._pb, text)]))
+
+    def send_final(self, outputs: list) -> None:
+        assert not self.final_sent, "final flag sent twice"
+        self.final_sent = True
+        pb = self._pb
+        try:
+            self._sender.send(pb.InferenceResponse(output_tensors=outputs), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:
+            self._final_failed = True
+            raise
+
+    def send_error(self, message: str, code: str) -> None:
+        """The error and the final flag, in one response; a client that went away is not our error."""
+        if self.final_sent and not self._final_failed:
+            return
+        self.final_sent = True
+        self._final_failed = False
+        pb = self._pb
+        response = pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message, error_code(pb, code)))
+        try:
+            self._sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as e:
+            pb.Logger.log_warn(f"trtspec spec_decode: could not send '{message}': {_one_line(e)}")
+
+
+class TritonPythonModel:
+    """``spec_decode``: see the module docstring."""
+
+    def __init__(self, pb: Any = None) -> None:
+        self._pb_override = pb
+        self.pb: Any = None
+        self.config: SpecDecodeConfig | None = None
+        self.decoder: SpeculativeDecoder | None = None
+        self.tokenizer: _LockedTokenizer | None = None
+        self.metrics: _Metrics | None = None
+        self.warmup_s: float | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._closing = False
+        self._eos: frozenset[int] = frozenset()
+
+    # -- Triton entry points -------------------------------------------------
+
+    def initialize(self, args: dict) -> None:
+        from trtspec.runtime.tokenizer import Tokenizer
+
+        pb = self.pb = load_pb_utils(self._pb_override)
+        model_config = json.loads(args["model_config"])
+        if not pb.using_decoupled_model_transaction_policy(model_config):
+            raise ValueError("spec_decode must be decoupled (model_transaction_policy { decoupled: true })")
+        cfg = self.config = SpecDecodeConfig.from_model_config(model_config)
+        self.tokenizer = _LockedTokenizer(Tokenizer.from_dir(cfg.tokenizer_dir))
+        self._eos = self.tokenizer.eos_token_ids()
+        target = BLSLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context)
+        draft = BLSLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context) if cfg.draft_model else None
+        self.decoder = SpeculativeDecoder(target, draft, detokenizer=self.tokenizer)
+        self.metrics = _Metrics(pb, args.get("model_name") or SPEC_DECODE)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.max_concurrency, thread_name_prefix="spec_decode")
+        if cfg.warmup:
+            self.warmup_s = self.warm_up()
+        pb.Logger.log_info(
+            f"trtspec spec_decode: target '{cfg.target_model}', draft '{cfg.draft_model or '-'}', k={cfg.draft_length}, "
+            f"{cfg.max_concurrency} workers, warm-up {self.warmup_s if self.warmup_s is not None else 'off'}"
+        )
+
+    def execute(self, requests: list) -> None:
+        pb = self.pb
+        assert self.config is not None and self._pool is not None
+        for request in requests:
+            reply = _Reply(pb, request.get_response_sender())
+            try:
+                sreq = parse_request(
+                    _lookup(request),
+                    max_tokens_limit=self.config.max_tokens_limit,
+                    request_id=request.request_id(),
+                )
+            except InvalidRequestError as e:
+                reply.send_error(str(e), "INVALID_ARG")
+                self._observe("invalid", None)
+                continue
+            except Exception as e:  # a parser bug must not take the batch down
+                pb.Logger.log_error(f"trtspec spec_decode: {traceback.format_exc()}")
+                reply.send_error(f"internal error: {type(e).__name__}", "INTERNAL")
+                self._observe("error", None)
+                continue
+            # The worker gets the sender only, not the request: inputs are read here,
+            # while the request is certainly alive.
+            try:
+                self._pool.submit(self._serve, reply, sreq)
+            except RuntimeError:  # the pool is shut down: the model is being unloaded
+                reply.send_error("the server is shutting down", "UNAVAILABLE")
+                self._observe("unavailable", None)
+        return None
+
+    def finalize(self) -> None:
+        self._closing = True  # running loops stop at their next iteration
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # -- one request, on a worker thread -------------------------------------
+
+    def _serve(self, reply: _Reply, sreq: ServeRequest) -> None:
+        pb = self.pb
+        assert self.decoder is not None and self.config is not None and self.tokenizer is not None
+        result: GenerationResult | None = None
+        outcome = "error"
+        try:
+            if self._closing:
+                outcome = "unavailable"
+                reply.send_error("the server is shutting down", "UNAVAILABLE")
+                return
+            policy = choose_policy(sreq, self.config)
+            prompt = self.tokenizer.encode_prompt(sreq.text, raw=not self.config.apply_chat_template)
+            gen_request = GenerationRequest(
+                prompt_ids=tuple(prompt),
+                stop=StopCriteria(max_new_tokens=sreq.max_tokens, eos_token_ids=self._eos, stop_strings=sreq.stop_words),
+                sampling=sreq.sampling,
+                request_id=sreq.request_id,
+            )
+            gen = self.decoder.stream(gen_request, policy, cancelled=lambda: self._closing or reply.is_cancelled())
+            for chunk in gen:
+                if sreq.stream and chunk.text:
+                    reply.send_text(chunk.text)
+            result = gen.result
+            if result.finish_reason is FinishReason.CANCELLED:
+                if self._closing:
+                    outcome = "unavailable"
+                    reply.send_error("the server is shutting down", "UNAVAILABLE")
+                else:
+                    outcome = "cancelled"
+                    reply.send_error("request cancelled by the client", "CANCELLED")
+                return
+            reply.send_final(self._final_outputs("" if sreq.stream else result.text, result, len(prompt)))
+            outcome = "ok"
+        except InvalidRequestError as e:
+            outcome = "invalid"
+            reply.send_error(str(e), "INVALID_ARG")
+        except BLSError as e:
+            outcome = "unavailable"
+            reply.send_error(str(e), "UNAVAILABLE")
+        except Exception as e:
+            if _quietly(reply.is_cancelled):  # sending failed because the client went away
+                outcome = "cancelled"
+                reply.send_error("request cancelled by the client", "CANCELLED")
+            else:
+                pb.Logger.log_error(f"trtspec spec_decode request {sreq.request_id!r}: {traceback.format_exc()}")
+                reply.send_error(f"internal error: {type(e).__name__}: {_one_line(e)}", "INTERNAL")
+        finally:
+            self._observe(outcome, result)
+
+    def _final_outputs(self, text: str, result: GenerationResult, num_input_tokens: int) -> list:
+        """The final response's outputs, batch-first (``[1, ...]``) as ``max_batch_size > 0`` implies."""
+        pb = self.pb
+        s = result.stats
+        rate = s.acceptance_rate
+
+        def one(name: str, value: object, dtype: type) -> Any:
+            return pb.Tensor(name, np.array([[value]], dtype=dtype))
+
+        return [
+            _text_tensor(pb, text),
+            one("finish_reason", result.finish_reason.value.encode(), np.object_),
+            one("num_input_tokens", num_input_tokens, np.int32),
+            one("num_output_tokens", s.emitted_tokens, np.int32),
+            one("num_draft_tokens", s.drafted_tokens, np.int32),
+            one("num_accepted_tokens", s.accepted_tokens, np.int32),
+            one("acceptance_rate", rate if rate is not None else 0.0, np.float32),
+            pb.Tensor("output_ids", np.array([result.token_ids], dtype=np.int64).reshape(1, -1)),
+        ]
+
+    def _observe(self, outcome: str, result: GenerationResult | None) -> None:
+        """Record one request's outcome; never raises (the reply is already sent)."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.observe(outcome, result)
+        except Exception as e:
+            self.pb.Logger.log_warn(f"trtspec spec_decode: metrics update failed: {_one_line(e)}")
+
+    # -- warm-up -----------------------------------------------------------------
+
+    def warm_up(self) -> float:
+        """Run the tokenizer and the whole loop (greedy and sampled, k drafts) on in-process dummy models.
+
+        Pays torch's and the tokenizer's lazy initialisation in this process;
+        the draft and target models warm themselves.
+        """
+        assert self.config is not None and self.tokenizer is not None
+        t0 = time.perf_counter()
+        cfg = self.config
+        prompt = self.tokenizer.encode_prompt("Hello world", raw=not cfg.apply_chat_template) or [0]
+        self.tokenizer.decode(prompt)
+        ctx = cfg.target_max_context
+        dummy = SpeculativeDecoder(_DummyLM(cfg.vocab_size, ctx), _DummyLM(cfg.vocab_size, ctx), self.tokenizer)
+        from trtspec.spec import SamplingParams
+
+        prompt = tuple(prompt[: max(1, ctx - 8)])
+        for sampling in (SamplingParams(), SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=0)):
+            req = GenerationRequest(prompt, StopCriteria(max_new_tokens=min(4, ctx - len(prompt))), sampling)
+            dummy.generate(req, FixedDraftLength(max(1, cfg.draft_length)))
+        return time.perf_counter() - t0
+
+
+class _DummyLM:
+    """Deterministic random logits; for warm-up only."""
+
+    def __init__(self, vocab_size: int, max_context: int) -> None:
+        self.vocab_size = vocab_size
+        self.max_context = max_context
+
+    def new_session(self, session_id: str = "") -> _DummySession:
+        return _DummySession(self.vocab_size)
+
+
+class _DummySession:
+    def __init__(self, vocab: int) -> None:
+        self._vocab = vocab
+        self.num_cached = 0
+        self._gen = torch.Generator().manual_seed(0)
+
+    def forward(self, token_ids: Any, num_logits: int) -> torch.Tensor:
+        self.num_cached += len(token_ids)
+        return torch.randn((num_logits, self._vocab), generator=self._gen)
+
+    def truncate(self, length: int) -> None:
+        self.num_cached = length
+
+    def close(self) -> None:
+        pass
+
+
+def _lookup(request: Any) -> Any:
+    """``name -> value``: the input tensor, else the request parameter (Triton's ``generate`` puts ``parameters`` there)."""
+    params: dict | None = None
+
+    def get(name: str) -> Any:
+        nonlocal params
+        for t in request.inputs():
+            if t.name() == name:
+                return t.as_numpy()
+        if params is None:
+            raw = request.parameters()
+            try:
+                params = json.loads(raw) if isinstance(raw, str) and raw else (raw if isinstance(raw, dict) else {})
+            except json.JSONDecodeError:
+                params = {}
+        return params.get(name)
+
+    return get
+
+
+def _text_tensor(pb: Any, text: str) -> Any:
+    return pb.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))  # [batch 1, 1]
+
+
+def _quietly(check: Any) -> bool:
+    try:
+        return bool(check())
+    except Exception:
+        return False
+
+
+def _one_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
