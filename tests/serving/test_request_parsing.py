@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trtspec.errors import InvalidRequestError
-from trtspec.serving.protocol import Speculation
+from trtspec.protocol import Speculation
 from trtspec.serving.request import parse_request
 
 

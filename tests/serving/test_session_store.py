@@ -10,6 +10,8 @@ import torch
 
 from trtspec.errors import InvalidRequestError
 from trtspec.serving.sessions import SessionStore
+from trtspec.spec import SamplingParams
+from trtspec.spec.drafting import propose_locally
 
 ATOL = 1e-4
 
@@ -134,3 +136,37 @@ def test_a_failed_forward_drops_the_cache_and_the_next_call_re_prefills(lm):
         store.run("a", seq(8), 1)
     assert "a" not in store
     torch.testing.assert_close(store.run("a", seq(8), 2), fresh(lm, seq(8), 2), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, top_p=0.9)],
+    ids=["greedy", "sampled"],
+)
+def test_propose_equals_local_drafting_and_leaves_the_cache_holding_k_minus_1_drafts(lm, sampling):
+    store = SessionStore(lm, max_sessions=4)
+    ids = seq(10)
+    # First proposal on a fresh session, then after a rollback (a diverging sequence).
+    for prefix in (ids, ids[:6] + [5]):
+        proposal = store.propose("d", prefix, 4, sampling, seed=123)
+        ref_session = lm.new_session()
+        ref = propose_locally(ref_session, prefix, 4, sampling, torch.Generator().manual_seed(123))
+        assert proposal.tokens == ref.tokens
+        if sampling.greedy:
+            assert proposal.q is None
+        else:
+            torch.testing.assert_close(proposal.q, ref.q, atol=ATOL, rtol=0)
+        assert store.cached_tokens("d") == len(prefix) + 3
+        # the cache now continues exactly like a fresh prefill of what it holds
+        held = list(prefix) + list(proposal.tokens[:3])
+        torch.testing.assert_close(
+            store.run("d", held + [proposal.tokens[3]], 1), fresh(lm, held + [proposal.tokens[3]], 1), atol=ATOL, rtol=0
+        )
+
+
+def test_propose_rejects_bad_arguments(lm):
+    store = SessionStore(lm, max_sessions=4)
+    with pytest.raises(InvalidRequestError, match="num_draft must be >= 1"):
+        store.propose("x", seq(4), 0, SamplingParams(), None)
+    with pytest.raises(InvalidRequestError, match="context holds"):
+        store.propose("x", seq(250), 10, SamplingParams(), None)  # the tiny models hold 256 tokens

@@ -17,6 +17,7 @@ from trtspec.spec import (
     SpeculativeDecoder,
     StopCriteria,
 )
+from trtspec.spec.drafting import propose_locally
 from trtspec.testing.fakes import BigramLM, CharDetokenizer, FailingLM
 
 V = 26
@@ -264,3 +265,61 @@ def test_sampling_is_deterministic_under_a_seed():
     b = dec.generate(r, FixedDraftLength(3)).token_ids
     c = dec.generate(dataclasses.replace(r, sampling=SamplingParams(temperature=1.0, seed=43)), FixedDraftLength(3))
     assert a == b and a != c.token_ids
+
+
+class _OneCallDraft:
+    """A draft whose sessions propose k tokens in one call (as the served draft does)."""
+
+    def __init__(self, inner: BigramLM) -> None:
+        self.inner = inner
+        self.propose_calls = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self.inner.max_context
+
+    def new_session(self, session_id: str = ""):
+        owner = self
+
+        class Session:
+            def __init__(self) -> None:
+                self.s = owner.inner.new_session(session_id)
+
+            @property
+            def num_cached(self) -> int:
+                return self.s.num_cached
+
+            def forward(self, ids, n):
+                return self.s.forward(ids, n)
+
+            def truncate(self, n):
+                self.s.truncate(n)
+
+            def close(self):
+                self.s.close()
+
+            def propose(self, ids, k, sampling, seed):
+                owner.propose_calls += 1
+                gen = torch.Generator().manual_seed(seed) if seed is not None else None
+                return propose_locally(self.s, ids, k, sampling, gen)
+
+        return Session()
+
+
+def test_a_one_call_proposer_is_used_and_stays_exact():
+    target = BigramLM.random(V, seed=3)
+    draft = _OneCallDraft(BigramLM.random(V, seed=3))  # agrees with the target
+    r = req(prompt=(1, 2), max_new=30)
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(4))
+    assert out.token_ids == target_alone(BigramLM.random(V, seed=3), r).token_ids
+    assert draft.propose_calls == out.stats.iterations  # one draft call per iteration
+    assert out.stats.accepted_tokens > 0
+    # sampled: deterministic under a seed through the proposer as well
+    rs = GenerationRequest((1,), StopCriteria(20), SamplingParams(temperature=1.0, seed=5))
+    a = SpeculativeDecoder(target, draft).generate(rs, FixedDraftLength(3)).token_ids
+    b = SpeculativeDecoder(target, draft).generate(rs, FixedDraftLength(3)).token_ids
+    assert a == b

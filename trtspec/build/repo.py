@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import CheckpointError, IncompatibleModelsError
-from trtspec.serving.protocol import (
+from trtspec.protocol import (
     DRAFT,
     LM_INPUTS,
     LM_OUTPUTS,

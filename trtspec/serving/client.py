@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import TrtspecError
-from trtspec.serving.protocol import SPEC_DECODE
+from trtspec.protocol import SPEC_DECODE
 
 OnText = Callable[[str], None]
 

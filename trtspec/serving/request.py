@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import InvalidRequestError
-from trtspec.serving.protocol import Speculation
+from trtspec.protocol import Speculation
 from trtspec.spec.types import SamplingParams
 
 Lookup = Callable[[str], Any]  # numpy array (an input tensor), a JSON scalar/list (a parameter), or None

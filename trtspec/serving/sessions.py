@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from trtspec.errors import InvalidRequestError
+from trtspec.spec.drafting import propose_locally
 from trtspec.spec.protocols import LanguageModel, LMSession
+from trtspec.spec.types import Proposal, SamplingParams
 
 
 @dataclass
@@ -62,17 +64,70 @@ class SessionStore:
 
     def run(self, session_id: str, token_ids: Sequence[int] | np.ndarray, num_logits: int) -> torch.Tensor:
         """Make ``session_id`` hold exactly ``token_ids``; float32 logits ``[num_logits, vocab]`` of its last positions."""
+        ids = self._check(token_ids, num_logits, extra=0)
+        n = len(ids)
+        entry, keep = self._sync(session_id, ids, n - num_logits)  # wanted positions must be fed
+        try:
+            if keep < n:
+                logits = entry.session.forward(ids[keep:].tolist(), num_logits)  # [num_logits, vocab]
+            else:
+                logits = torch.zeros((0, self.lm.vocab_size), dtype=torch.float32)
+        except Exception:
+            # The cache's state is unknown now: drop it; the next call re-prefills.
+            self._drop(session_id)
+            raise
+        entry.tokens = ids.copy()
+        self.stats.tokens_fed += n - keep
+        return logits
+
+    def propose(
+        self,
+        session_id: str,
+        token_ids: Sequence[int] | np.ndarray,
+        k: int,
+        sampling: SamplingParams,
+        seed: int | None,
+    ) -> Proposal:
+        """Make ``session_id`` hold ``token_ids``, then draft ``k`` tokens after them in this process.
+
+        The same procedure as the loop's local drafting
+        (:func:`trtspec.spec.drafting.propose_locally`); a sampled proposal draws
+        from a generator seeded with ``seed``. Afterwards the cache holds
+        ``token_ids`` plus the first ``k - 1`` proposed tokens.
+        """
+        if k < 1:
+            raise InvalidRequestError(f"num_draft must be >= 1, got {k}")
+        ids = self._check(token_ids, 1, extra=k)
+        n = len(ids)
+        entry, keep = self._sync(session_id, ids, n - 1)  # the last token is fed for the first logits
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        try:
+            proposal = propose_locally(entry.session, ids[keep:].tolist(), k, sampling, gen)
+        except Exception:
+            self._drop(session_id)
+            raise
+        entry.tokens = np.concatenate([ids, np.asarray(proposal.tokens[: k - 1], dtype=np.int64)])
+        self.stats.tokens_fed += n - keep + k - 1
+        return proposal
+
+    def _check(self, token_ids: Sequence[int] | np.ndarray, num_logits: int, extra: int) -> np.ndarray:
         ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
         n = len(ids)
         if n == 0:
             raise InvalidRequestError("token_ids is empty")
         if not 0 <= num_logits <= n:
             raise InvalidRequestError(f"num_logits must be in [0, {n}] (the sequence length), got {num_logits}")
-        if n > self.lm.max_context:
-            raise InvalidRequestError(f"sequence has {n} tokens; this model's context holds {self.lm.max_context}")
+        if n + extra > self.lm.max_context:
+            raise InvalidRequestError(
+                f"sequence has {n + extra} tokens; this model's context holds {self.lm.max_context}"
+            )
         vocab = self.lm.vocab_size
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise InvalidRequestError(f"token ids must be in [0, {vocab})")
+        return ids
+
+    def _sync(self, session_id: str, ids: np.ndarray, max_keep: int) -> tuple[_Entry, int]:
+        """The session's entry with its cache cut back to the common prefix with ``ids`` (at most ``max_keep``)."""
         self.stats.calls += 1
         entry = self._entries.get(session_id)
         if entry is None:
@@ -81,24 +136,15 @@ class SessionStore:
         else:
             self.stats.hits += 1
             self._entries.move_to_end(session_id)
-        keep = _common_prefix(entry.tokens, ids)
-        # Positions whose logits are wanted must be fed: keep at most n - num_logits.
-        keep = min(keep, n - num_logits)
+        keep = min(_common_prefix(entry.tokens, ids), max_keep)
         try:
             if keep < entry.session.num_cached:
                 entry.session.truncate(keep)
-            if keep < n:
-                logits = entry.session.forward(ids[keep:].tolist(), num_logits)  # [num_logits, vocab]
-            else:
-                logits = torch.zeros((0, vocab), dtype=torch.float32)
         except Exception:
-            # The cache's state is unknown now: drop it; the next call re-prefills.
             self._drop(session_id)
             raise
-        entry.tokens = ids.copy()
-        self.stats.tokens_fed += n - keep
         self.stats.tokens_reused += keep
-        return logits
+        return entry, keep
 
     def release(self, session_id: str) -> bool:
         """Free ``session_id``'s cache; False if it held none."""

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from trtspec.errors import ContextOverflowError, IncompatibleModelsError
-from trtspec.spec.acceptance import greedy_verify, rejection_sample, sample, warp_probs
+from trtspec.spec.acceptance import greedy_verify, rejection_sample, warp_probs
+from trtspec.spec.drafting import propose
 from trtspec.spec.policy import FixedDraftLength
 from trtspec.spec.protocols import Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
 from trtspec.spec.stopping import StopChecker
@@ -164,16 +165,17 @@ class Generation(Iterator[StreamChunk]):
                 # 1. draft
                 t0 = clock()
                 drafted: list[int] = []
-                q_rows: list[torch.Tensor] = []
+                q_draft: torch.Tensor | None = None  # [k, vocab] when sampling
                 if k > 0 and draft is not None:
                     try:
-                        self._propose(draft, tokens, k, drafted, q_rows, gen)
+                        proposal = propose(draft, tokens[draft.num_cached :], k, sp, gen)
+                        drafted, q_draft = list(proposal.tokens), proposal.q
                     except Exception as e:  # any draft failure: continue on the target alone
                         self.draft_error = e
                         self.stats.draft_errors += 1
                         _close_quietly(draft)
                         draft = None
-                        drafted, q_rows = [], []
+                        drafted, q_draft = [], None
                         k = 0
                 t1 = clock()
 
@@ -188,7 +190,7 @@ class Generation(Iterator[StreamChunk]):
                     target_tokens = tuple(logits[:k].argmax(dim=-1).tolist())
                 else:
                     p = warp_probs(logits, sp)  # [k+1, vocab]
-                    q = torch.stack(q_rows) if q_rows else p.new_zeros((0, p.shape[1]))
+                    q = q_draft if q_draft is not None else p.new_zeros((0, p.shape[1]))
                     n_acc, nxt, bonus = rejection_sample(x, q, p, gen)
                     target_tokens = tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ())
                 t2 = clock()
@@ -232,29 +234,6 @@ class Generation(Iterator[StreamChunk]):
             _close_quietly(target)
             if draft is not None:
                 _close_quietly(draft)
-
-    def _propose(
-        self,
-        draft: LMSession,
-        tokens: list[int],
-        k: int,
-        drafted: list[int],
-        q_rows: list[torch.Tensor],
-        gen: torch.Generator | None,
-    ) -> None:
-        """Draft ``k`` tokens after ``tokens``; appends to ``drafted`` (and ``q_rows`` when sampling)."""
-        sp = self.request.sampling
-        logits = draft.forward(tokens[draft.num_cached :], 1)  # [1, vocab]
-        for i in range(k):
-            if sp.greedy:
-                tok = int(logits[0].argmax())
-            else:
-                q = warp_probs(logits, sp)[0]  # [vocab]
-                tok = sample(q, gen)
-                q_rows.append(q)
-            drafted.append(tok)
-            if i < k - 1:
-                logits = draft.forward([tok], 1)
 
 
 def _close_quietly(session: LMSession) -> None:

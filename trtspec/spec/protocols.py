@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from trtspec.spec.types import IterationOutcome
+from trtspec.spec.types import IterationOutcome, Proposal, SamplingParams
 
 
 @runtime_checkable
@@ -49,6 +49,22 @@ class LMSession(Protocol):
 
     def close(self) -> None:
         """Free the cache. The session must not be used afterwards."""
+        ...
+
+
+@runtime_checkable
+class DraftProposer(Protocol):
+    """Optional capability of a draft :class:`LMSession`: propose ``k`` tokens in ONE call.
+
+    A session without it is driven one ``forward`` per draft token
+    (:func:`trtspec.spec.drafting.propose_locally`). A remote draft implements
+    it to save ``k - 1`` round trips; it must give the same proposal the local
+    procedure would (greedy: token for token; sampling: the same distribution,
+    drawn from a generator seeded with ``seed``), and leave its cache holding
+    ``token_ids`` (appended) plus the first ``k - 1`` proposed tokens.
+    """
+
+    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
         ...
 
 

@@ -28,6 +28,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from trtspec.errors import InvalidRequestError
 
 
@@ -184,6 +186,14 @@ class SpecStats:
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_acceptance_length"] = self.mean_acceptance_length
         return d
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What the draft proposed in one iteration."""
+
+    tokens: tuple[int, ...]  # [k] x_1..x_k
+    q: torch.Tensor | None  # [k, vocab] the warped draft distributions (sampling); None when greedy
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from trtspec.errors import TrtspecError
+from trtspec.spec.types import Proposal, SamplingParams
 
 
 class BLSError(TrtspecError):
@@ -51,30 +52,66 @@ class BLSLanguageModel:
     def call(self, session_id: str, token_ids: Sequence[int], num_logits: int, release: bool = False) -> np.ndarray:
         """One BLS request; float32 logits ``[num_logits, vocab]``."""
         pb = self._pb
-        inputs = [
-            pb.Tensor("session_id", np.array([session_id.encode()], dtype=np.object_)),
-            pb.Tensor("token_ids", np.asarray(token_ids, dtype=np.int64).reshape(-1)),
-            pb.Tensor("num_logits", np.array([num_logits], dtype=np.int32)),
-        ]
+        inputs = self._inputs(session_id, token_ids, num_logits)
         if release:
             inputs.append(pb.Tensor("release", np.array([True], dtype=np.bool_)))
-        request = pb.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=["logits"])
-        try:
-            response = request.exec()
-        except Exception as e:  # the stub raises when the model is missing or not ready
-            raise BLSError(f"model '{self.model_name}' is unavailable: {_one_line(e)}") from e
-        if response.has_error():
-            raise BLSError(f"model '{self.model_name}' failed: {_one_line(response.error().message())}")
-        out = pb.get_output_tensor_by_name(response, "logits")
-        if out is None:
-            raise BLSError(f"model '{self.model_name}' returned no 'logits' output")
-        logits = np.array(out.as_numpy(), dtype=np.float32, copy=True)  # own it: the response's memory is released
+        (logits,) = self._exec(inputs, ["logits"])
         if logits.shape != (num_logits, self._vocab):
             raise BLSError(
                 f"model '{self.model_name}' returned logits of shape {tuple(logits.shape)}, "
                 f"expected ({num_logits}, {self._vocab})"
             )
         return logits
+
+    def call_propose(
+        self, session_id: str, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None
+    ) -> Proposal:
+        """One BLS request that drafts ``k`` tokens after ``token_ids`` (see ``DraftProposer``)."""
+        pb = self._pb
+        inputs = self._inputs(session_id, token_ids, 0)
+        inputs.append(pb.Tensor("num_draft", np.array([k], dtype=np.int32)))
+        if not sampling.greedy:
+            inputs += [
+                pb.Tensor("temperature", np.array([sampling.temperature], dtype=np.float32)),
+                pb.Tensor("top_k", np.array([sampling.top_k], dtype=np.int32)),
+                pb.Tensor("top_p", np.array([sampling.top_p], dtype=np.float32)),
+            ]
+            if seed is not None:
+                inputs.append(pb.Tensor("seed", np.array([seed], dtype=np.int64)))
+        ids, probs = self._exec(inputs, ["draft_ids", "draft_probs"])
+        expected_q = (0 if sampling.greedy else k, self._vocab)
+        if ids.shape != (k,) or probs.shape != expected_q:
+            raise BLSError(
+                f"model '{self.model_name}' proposed {tuple(ids.shape)} tokens with q {tuple(probs.shape)}, "
+                f"expected ({k},) and {expected_q}"
+            )
+        q = torch.from_numpy(probs) if not sampling.greedy else None
+        return Proposal(tokens=tuple(int(t) for t in ids), q=q)
+
+    def _inputs(self, session_id: str, token_ids: Sequence[int], num_logits: int) -> list:
+        pb = self._pb
+        return [
+            pb.Tensor("session_id", np.array([session_id.encode()], dtype=np.object_)),
+            pb.Tensor("token_ids", np.asarray(token_ids, dtype=np.int64).reshape(-1)),
+            pb.Tensor("num_logits", np.array([num_logits], dtype=np.int32)),
+        ]
+
+    def _exec(self, inputs: list, outputs: list[str]) -> list[np.ndarray]:
+        pb = self._pb
+        request = pb.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=outputs)
+        try:
+            response = request.exec()
+        except Exception as e:  # the stub raises when the model is missing or not ready
+            raise BLSError(f"model '{self.model_name}' is unavailable: {_one_line(e)}") from e
+        if response.has_error():
+            raise BLSError(f"model '{self.model_name}' failed: {_one_line(response.error().message())}")
+        arrays = []
+        for name in outputs:
+            out = pb.get_output_tensor_by_name(response, name)
+            if out is None:
+                raise BLSError(f"model '{self.model_name}' returned no '{name}' output")
+            arrays.append(np.array(out.as_numpy(), copy=True))  # own it: the response's memory is released
+        return arrays
 
 
 class BLSSession:
@@ -103,6 +140,17 @@ class BLSSession:
         logits = self._model.call(self.session_id, tokens, num_logits)
         self._tokens = tokens  # only once the model holds them
         return torch.from_numpy(logits)
+
+    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
+        """Draft ``k`` tokens in ONE call (the draft model runs the drafting steps itself)."""
+        if self._closed:
+            raise RuntimeError(f"session {self.session_id!r} is closed")
+        tokens = self._tokens + [int(t) for t in token_ids]
+        if len(tokens) + k - 1 > self._model.max_context:
+            raise ValueError(f"sequence would hold {len(tokens) + k - 1} tokens; context is {self._model.max_context}")
+        proposal = self._model.call_propose(self.session_id, tokens, k, sampling, seed)
+        self._tokens = tokens + list(proposal.tokens[: k - 1])  # what the model's cache now holds
+        return proposal
 
     def truncate(self, length: int) -> None:
         if not 0 <= length <= len(self._tokens):

@@ -30,6 +30,7 @@ import numpy as np
 
 from trtspec.errors import InvalidRequestError
 from trtspec.serving.sessions import SessionStore
+from trtspec.spec.types import SamplingParams
 from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
 
 
@@ -108,20 +109,49 @@ class TritonPythonModel:
         if release is not None and bool(release):
             self.store.release(session_id)
             return self._logits(np.zeros((0, vocab), dtype=np.float32))
+        num_draft = _scalar(pb, request, "num_draft", required=False)
         ids_t = pb.get_input_tensor_by_name(request, "token_ids")
         if ids_t is None:
             raise InvalidRequestError("input 'token_ids' is required")
         ids = ids_t.as_numpy()
         if ids.dtype.kind not in "iu":
             raise InvalidRequestError(f"token_ids must be integers, got {ids.dtype}")
+        if num_draft is not None and int(num_draft) > 0:
+            proposal = self.store.propose(
+                session_id, ids.reshape(-1), int(num_draft), self._sampling(request), _seed(pb, request)
+            )
+            q = proposal.q.float().cpu().numpy() if proposal.q is not None else np.zeros((0, vocab), np.float32)
+            return self._respond(np.zeros((0, vocab), np.float32), np.asarray(proposal.tokens, np.int64), q)
         num_logits = _scalar(pb, request, "num_logits")
         if isinstance(num_logits, (bool, np.bool_)) or not isinstance(num_logits, (int, np.integer)):
             raise InvalidRequestError(f"num_logits must be an integer, got {num_logits!r}")
         logits = self.store.run(session_id, ids.reshape(-1), int(num_logits))
         return self._logits(logits.float().cpu().numpy())
 
+    def _sampling(self, request: Any) -> SamplingParams:
+        def opt(name: str, default: Any) -> Any:
+            v = _scalar(self.pb, request, name, required=False)
+            return default if v is None else v
+
+        sampling = SamplingParams(
+            temperature=float(opt("temperature", 0.0)), top_k=int(opt("top_k", 0)), top_p=float(opt("top_p", 1.0))
+        )
+        sampling.validate()
+        return sampling
+
     def _logits(self, arr: np.ndarray) -> Any:
-        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor("logits", np.ascontiguousarray(arr, np.float32))])
+        vocab = arr.shape[1] if arr.ndim == 2 else 0
+        return self._respond(arr, np.zeros(0, np.int64), np.zeros((0, vocab), np.float32))
+
+    def _respond(self, logits: np.ndarray, draft_ids: np.ndarray, draft_probs: np.ndarray) -> Any:
+        pb = self.pb
+        return pb.InferenceResponse(
+            output_tensors=[
+                pb.Tensor("logits", np.ascontiguousarray(logits, np.float32)),
+                pb.Tensor("draft_ids", np.ascontiguousarray(draft_ids, np.int64)),
+                pb.Tensor("draft_probs", np.ascontiguousarray(draft_probs, np.float32)),
+            ]
+        )
 
     def _error(self, message: str, code: str) -> Any:
         pb = self.pb
@@ -161,6 +191,15 @@ def _scalar(pb: Any, request: Any, name: str, required: bool = True) -> Any:
     if arr.size != 1:
         raise InvalidRequestError(f"input '{name}' must hold one value, got {arr.size}")
     return arr[0].item() if arr.dtype != np.object_ else arr[0]
+
+
+def _seed(pb: Any, request: Any) -> int | None:
+    seed = _scalar(pb, request, "seed", required=False)
+    if seed is None:
+        return None
+    if int(seed) < 0:
+        raise InvalidRequestError(f"seed must be >= 0, got {seed}")
+    return int(seed)
 
 
 def _one_line(e: object) -> str:

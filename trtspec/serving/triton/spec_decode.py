@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from trtspec.errors import InvalidRequestError
-from trtspec.serving.protocol import SPEC_DECODE, Speculation
+from trtspec.protocol import SPEC_DECODE, Speculation
 from trtspec.serving.request import ServeRequest, parse_request
 from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
 from trtspec.serving.triton.bls import BLSError, BLSLanguageModel

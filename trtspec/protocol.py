@@ -1,4 +1,5 @@
-"""The wire interface of the three Triton models, written down once.
+"""The wire interface of the three Triton models, written down once (shared by
+``trtspec.build``, which renders the configs, and ``trtspec.serving``, which speaks it).
 
 The repository writer renders ``config.pbtxt`` from these specs, the models
 read their inputs by these names, and the client sends them. The client
@@ -84,9 +85,19 @@ LM_INPUTS = (
     TensorSpec("token_ids", "TYPE_INT64", (-1,), doc="the whole sequence to hold after the call"),
     TensorSpec("num_logits", "TYPE_INT32", (1,), doc="logits rows wanted, for the last positions"),
     TensorSpec("release", "TYPE_BOOL", (1,), True, "true: free the session (token_ids may be empty)"),
+    # Draft proposals in ONE call (instead of one call per draft token):
+    TensorSpec("num_draft", "TYPE_INT32", (1,), True, "k > 0: after token_ids, propose k tokens (outputs draft_*)"),
+    TensorSpec("temperature", "TYPE_FP32", (1,), True, "with num_draft: 0 (default) greedy, else sampled"),
+    TensorSpec("top_k", "TYPE_INT32", (1,), True, "with num_draft: 0 (default) disables top-k"),
+    TensorSpec("top_p", "TYPE_FP32", (1,), True, "with num_draft: 1.0 (default) disables nucleus sampling"),
+    TensorSpec("seed", "TYPE_INT64", (1,), True, "with num_draft, sampling: seed of the draft's generator"),
 )
 
-LM_OUTPUTS = (TensorSpec("logits", "TYPE_FP32", (-1, -1), doc="float32 [num_logits, vocab]"),)
+LM_OUTPUTS = (
+    TensorSpec("logits", "TYPE_FP32", (-1, -1), doc="float32 [num_logits, vocab] ([0, vocab] when proposing)"),
+    TensorSpec("draft_ids", "TYPE_INT64", (-1,), doc="with num_draft: the k proposed tokens (else empty)"),
+    TensorSpec("draft_probs", "TYPE_FP32", (-1, -1), doc="with num_draft, sampling: [k, vocab] q rows (else [0, vocab])"),
+)
 
 # Triton error codes by name, for messages and the client.
 INVALID_ARG = "INVALID_ARG"
