@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trtspec import __version__
-from trtspec.cli import build, generate, models, monitoring, serve, trace
+from trtspec.cli import bench, build, generate, models, monitoring, plan, serve, trace
 
 app = typer.Typer(
     name="trtspec",
@@ -20,6 +20,8 @@ app.add_typer(trace.app, name="trace")
 app.command("generate")(generate.generate)
 app.command("build")(build.build)
 app.command("serve")(serve.serve)
+app.command("bench")(bench.bench)
+app.command("plan")(plan.plan)
 
 
 @app.command("version")
