@@ -168,11 +168,24 @@ def test_closing_a_stream_early_frees_sessions():
     assert gen.finished
 
 
+class _Recorder(FixedDraftLength):
+    def __init__(self, k):
+        super().__init__(k)
+        self.outcomes = []
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
 def test_a_failing_draft_falls_back_to_the_target_without_losing_a_token():
     target = BigramLM.random(V, seed=11)
     draft = FailingLM(BigramLM.random(V, seed=11), fail_after=5)  # agrees, then dies
     r = req(prompt=(2,), max_new=30)
-    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(3))
+    policy = _Recorder(3)
+    out = SpeculativeDecoder(target, draft).generate(r, policy)
+    failed = [o.draft_failed for o in policy.outcomes]
+    assert failed.count(True) == 1  # the policy learns of the failure, once
+    assert all(o.k == 0 for o in policy.outcomes[failed.index(True) :])
     assert out.token_ids == target_alone(BigramLM.random(V, seed=11), r).token_ids
     assert out.stats.draft_errors == 1
     assert out.stats.accepted_tokens > 0  # it did speculate before dying

@@ -47,8 +47,6 @@ def build(
     json_out: JsonOpt = False,
 ) -> None:
     """Check, quantize, compile, plan memory, and write the manifest and the model repository."""
-    from rich.markup import escape
-
     from trtspec.build.memory import parse_bytes
     from trtspec.build.pipeline import BuildOptions, run_build
     from trtspec.build.quantize import ProbeSettings
@@ -59,7 +57,7 @@ def build(
         from trtspec.runtime.demo import prepare_demo
 
         with domain_errors():
-            pair = prepare_demo(progress=lambda m: log(escape(f"[demo] {m}"), quiet=json_out))
+            pair = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
         # The demo's draft is the target itself, quantized by this build (prepare_demo's own int8 copy is
         # the same numbers); the before/after figures then show exactly what INT8 costs.
         target, draft = pair.target, pair.target

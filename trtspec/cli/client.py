@@ -64,7 +64,7 @@ def remote_generate(
     rate = f"{result.acceptance_rate:.1%}" if result.acceptance_rate is not None else "n/a"
     ttft = f"{result.ttft_s * 1000:.0f} ms" if result.ttft_s is not None else "n/a"
     log(
-        "\\[stats] "  # escaped: Rich would take "[stats]" for a markup tag and drop it
+        "[stats] "
         f"{result.num_output_tokens} tokens in {result.total_s:.2f}s ({result.tokens_per_s:.1f} tok/s), "
         f"TTFT {ttft}, acceptance {rate}, finish={result.finish_reason} ({result.protocol})"
     )

@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from trtspec.errors import TrtspecError
 
@@ -26,7 +27,7 @@ err_console = Console(stderr=True, highlight=False)
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` (one line) to stderr and exit."""
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -45,6 +46,6 @@ def print_json(obj: Any) -> None:
 
 
 def log(message: str, quiet: bool = False) -> None:
-    """A progress/log line on stderr (silenced with ``quiet``, e.g. under ``--json``)."""
+    """A progress/log line on stderr (silenced with ``quiet``, e.g. under ``--json``); printed as is, no markup."""
     if not quiet:
-        err_console.print(message, soft_wrap=True)
+        err_console.print(escape(message), soft_wrap=True)

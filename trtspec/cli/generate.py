@@ -58,12 +58,10 @@ def generate(
     if demo:
         if target or draft:
             fail("--demo and --target/--draft are mutually exclusive")
-        from rich.markup import escape
-
         from trtspec.runtime.demo import prepare_demo
 
         with domain_errors():
-            pair_paths = prepare_demo(progress=lambda m: log(escape(f"[demo] {m}"), quiet=json_out))
+            pair_paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
         target, draft = pair_paths.target, pair_paths.draft
     if target is None:
         fail("--target (or --demo) is required")
@@ -109,6 +107,6 @@ def generate(
         rate = f"{s.acceptance_rate:.1%}" if s.acceptance_rate is not None else "n/a"
         tps = s.emitted_tokens / s.total_time_s if s.total_time_s else 0.0
         log(
-            f"\\[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
+            f"[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
             f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}"
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trtspec import __version__
-from trtspec.cli import bench, build, generate, models, monitoring, plan, serve, trace
+from trtspec.cli import bench, build, generate, models, monitoring, plan, policy, serve, trace
 
 app = typer.Typer(
     name="trtspec",
@@ -15,6 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(models.app, name="models")
+app.add_typer(policy.app, name="policy")
 app.add_typer(monitoring.app, name="monitoring")
 app.add_typer(trace.app, name="trace")
 app.command("generate")(generate.generate)

@@ -18,12 +18,10 @@ def demo(
 
     Cached under ~/.cache/trtspec/demo (or $TRTSPEC_CACHE/demo).
     """
-    from rich.markup import escape
-
     from trtspec.runtime.demo import prepare_demo
 
     with domain_errors():
-        pair = prepare_demo(progress=lambda m: log(escape(f"[demo] {m}"), quiet=json_out), force=force)
+        pair = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out), force=force)
     if json_out:
         print_json(pair.to_dict())
     else:

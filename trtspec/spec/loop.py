@@ -166,6 +166,7 @@ class Generation(Iterator[StreamChunk]):
                 t0 = clock()
                 drafted: list[int] = []
                 q_draft: torch.Tensor | None = None  # [k, vocab] when sampling
+                draft_failed = False
                 if k > 0 and draft is not None:
                     try:
                         proposal = propose(draft, tokens[draft.num_cached :], k, sp, gen)
@@ -177,6 +178,7 @@ class Generation(Iterator[StreamChunk]):
                         draft = None
                         drafted, q_draft = [], None
                         k = 0
+                        draft_failed = True
                 t1 = clock()
 
                 # 2. verify: committed tokens the target lacks + drafts, ONE pass
@@ -217,6 +219,7 @@ class Generation(Iterator[StreamChunk]):
                     verify_time_s=t2 - t1,
                     drafted=tuple(drafted),
                     target_tokens=target_tokens,
+                    draft_failed=draft_failed,
                 )
                 self.stats.observe(outcome)
                 self._policy.observe(outcome)

@@ -126,6 +126,9 @@ class IterationOutcome:
     # first rejected position (accepted + 1 tokens; all k drafts when all were accepted).
     drafted: tuple[int, ...] = ()
     target_tokens: tuple[int, ...] = ()
+    # The draft raised this iteration; the request goes on with the target alone
+    # (k is then 0 here and in every later iteration of the request).
+    draft_failed: bool = False
 
 
 @dataclass

@@ -1,0 +1,305 @@
+"""The goodput controller: its rule, its cost model, and its behaviour on scripted sequences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from trtspec.control.config import GoodputConfig
+from trtspec.control.goodput import (
+    CostModel,
+    GoodputController,
+    GoodputModel,
+    best_k,
+    expected_emitted,
+)
+from trtspec.spec.types import IterationOutcome
+
+D = 0.010  # seconds per draft token in the scripted runs
+V0 = 0.050  # a plain target step
+
+
+def verify_s(k: int) -> float:
+    return V0 + 0.004 * k
+
+
+def outcome(k: int, accepted: int, d: float = D, v: Callable[[int], float] = verify_s) -> IterationOutcome:
+    return IterationOutcome(k, accepted, accepted + 1, k > 0 and accepted == k, 100, d * k, v(k))
+
+
+def run_request(
+    model: GoodputModel,
+    accept: Callable[[int], int],
+    iterations: int,
+    config: GoodputConfig | None = None,
+    k_max: int = 8,
+) -> list[int]:
+    """One request of ``iterations`` iterations; ``accept(k)`` says how many of k drafts are accepted."""
+    c = GoodputController(model, k_max, config or model.config)
+    ks = []
+    for _ in range(iterations):
+        k = c.next_k()
+        ks.append(k)
+        c.observe(outcome(k, min(k, accept(k))))
+    c.finish()
+    return ks
+
+
+def good(k: int) -> int:
+    return k
+
+
+def useless(k: int) -> int:
+    return 0
+
+
+# -- the rule --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
+@pytest.mark.parametrize("k", [0, 1, 4, 8])
+def test_expected_emitted_is_leviathans_closed_form_for_iid_acceptance(alpha: float, k: int) -> None:
+    closed = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al. 2023, Eq. (1)
+    assert expected_emitted([alpha] * 8, k) == pytest.approx(closed)
+
+
+@pytest.mark.parametrize(("alpha", "c"), [(0.9, 0.05), (0.8, 0.1), (0.6, 0.2), (0.95, 0.02), (0.7, 0.4)])
+def test_best_k_is_the_papers_optimum_with_constant_verify_cost(alpha: float, c: float) -> None:
+    # Leviathan Thm 3.8: speedup (1 - a^(k+1)) / ((1 - a)(k c + 1)); verify cost constant (= 1)
+    speedup = [(1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1)) for k in range(9)]
+    t = [k * c + 1.0 for k in range(9)]
+    k, g = best_k([alpha] * 8, t, min_gain=0.0)
+    assert k == max(range(9), key=lambda j: speedup[j])
+    assert g == pytest.approx(speedup)
+
+
+def test_nothing_pays_gives_k0() -> None:
+    t = [1.0 + 0.3 * k + 0.1 * k for k in range(9)]
+    assert best_k([0.1] * 8, t, 0.02)[0] == 0  # a useless draft
+    assert best_k([0.99] * 8, [1.0 + 5.0 * k for k in range(9)], 0.02)[0] == 0  # a draft slower than the target
+
+
+def test_min_gain_keeps_marginal_speculation_off() -> None:
+    # k=1 with a=0.12, c=0.1: 1.12 / 1.1 = 1.018 -> 1.8% better than the target alone
+    t = [1.0, 1.1]
+    assert best_k([0.12], t, 0.0)[0] == 1
+    assert best_k([0.12], t, 0.02)[0] == 0
+
+
+def test_per_position_acceptance_stops_where_the_draft_stops_agreeing() -> None:
+    a = [0.97, 0.95, 0.05, 0.9, 0.9, 0.9, 0.9, 0.9]  # position 3 is almost never accepted
+    t = [1.0 + 0.1 * k for k in range(9)]
+    assert best_k(a, t, 0.02)[0] == 2
+
+
+# -- the cost model ----------------------------------------------------------------
+
+
+def test_costs_before_measurement_come_from_the_priors() -> None:
+    cfg = GoodputConfig(prior_draft_cost=0.25, prior_verify_cost_per_token=0.1)
+    t = CostModel(4, cfg).iteration_times()
+    assert t == pytest.approx([1.0, 1.35, 1.7, 2.05, 2.4])
+
+
+def test_a_stalled_step_does_not_move_the_median() -> None:
+    m = CostModel(4, GoodputConfig())
+    for s in [0.05, 0.05, 2.0, 0.05, 0.05]:  # one step the OS preempted
+        m.observe_verify(0, s)
+    assert m.verify_times()[0] == pytest.approx(0.05)
+
+
+def test_one_sample_does_not_replace_the_prior() -> None:
+    m = CostModel(4, GoodputConfig(prior_draft_cost=0.25))
+    for _ in range(3):
+        m.observe_verify(0, 0.05)
+    m.observe_draft(1.0)  # the first draft step after start-up: a stall
+    assert m.iteration_times()[1] == pytest.approx(0.25 * 0.05 + m.verify_times()[1])
+
+
+def test_unmeasured_verify_cost_is_guessed_optimistically() -> None:
+    m = CostModel(8, GoodputConfig())
+    for _ in range(5):
+        m.observe_verify(0, 0.040)
+        m.observe_verify(2, 0.060)
+        m.observe_verify(6, 0.100)
+    v = m.verify_times()
+    assert v[0] == pytest.approx(0.040)
+    assert v[2] == pytest.approx(0.060) and v[6] == pytest.approx(0.100)  # measured
+    assert v[4] == pytest.approx(0.060)  # as the nearest smaller measured k: try it
+    assert v[8] == pytest.approx(0.100)
+    assert v[1] == pytest.approx(0.060)  # only larger k measured: no more than the nearest
+
+
+def test_measured_verify_costs_need_not_grow_with_k() -> None:
+    m = CostModel(8, GoodputConfig())
+    for _ in range(5):
+        m.observe_verify(2, 0.090)
+        m.observe_verify(3, 0.070)  # real kernels: 4 tokens in one pass can be cheaper than 3
+    v = m.verify_times()
+    assert (v[2], v[3]) == (pytest.approx(0.090), pytest.approx(0.070))
+    assert v[0] == pytest.approx(0.090 / 1.2)  # no target step measured: from the prior ratio
+
+
+def test_a_cheaper_unmeasured_k_gets_tried_and_kept() -> None:
+    """Verify costs that are not smooth in k (v[2] > v[4]) do not trap the controller at a small k."""
+    costs = {0: 0.045, 1: 0.080, 2: 0.100, 3: 0.075, 4: 0.080, 5: 0.095, 6: 0.107, 7: 0.107, 8: 0.105}
+    model = GoodputModel(8, GoodputConfig(prior_draft_cost=0.4))
+    c = GoodputController(model, 8, model.config)
+    ks = []
+    for _ in range(150):
+        k = c.next_k()
+        ks.append(k)
+        c.observe(IterationOutcome(k, k if k < 5 else 4, min(k, 4) + 1, k < 5, 100, 0.018 * k, costs[k]))
+    tail = ks[-50:]
+    assert max(set(tail), key=tail.count) == 4  # the best: 5 tokens in 0.152 s
+
+
+# -- the controller on scripted sequences ----------------------------------------------
+
+
+def test_good_draft_drafts_long() -> None:
+    model = GoodputModel(8, GoodputConfig())
+    ks = run_request(model, good, 60)
+    assert ks[0] > 0  # the priors say speculation pays
+    steady = ks[30:]  # after the target step is measured (every 8th iteration explores until then)
+    assert sum(k == 8 for k in steady) / len(steady) > 0.9
+
+
+def test_useless_draft_goes_to_target_alone_and_explores_little() -> None:
+    model = GoodputModel(8, GoodputConfig(probe_share=0.1))
+    first = run_request(model, useless, 40)
+    assert sum(k > 0 for k in first[-30:]) <= 1
+    requests = [run_request(model, useless, 48) for _ in range(20)]
+    later = [k for ks in requests for k in ks]
+    share = sum(k > 0 for k in later) / len(later)
+    assert 0 < share <= 0.01  # exploration goes on: some new requests still probe...
+    assert all(k == 0 for ks in requests for k in ks[1:])  # ...at their first iteration only
+
+
+def test_first_iteration_timings_are_left_out() -> None:
+    model = GoodputModel(8, GoodputConfig())
+    c = GoodputController(model, 8, model.config)
+    c.next_k()
+    c.observe(IterationOutcome(2, 2, 3, True, 40, 5.0, 9.0))  # includes both prefills
+    assert all(r.n == 0 for r in model.costs.verify) and model.costs.draft.n == 0
+    c.next_k()
+    c.observe(IterationOutcome(2, 2, 3, True, 43, 0.02, 0.06))
+    assert model.costs.verify[2].n == 1 and model.costs.draft.n == 1
+
+
+def test_draft_time_after_a_target_only_step_is_left_out() -> None:
+    model = GoodputModel(8, GoodputConfig())
+    c = GoodputController(model, 8, model.config)
+    for k in (3, 0, 3):  # the second k=3 draft catches up on two tokens
+        c.observe(outcome(k, k))
+    assert model.costs.draft.n == 0
+    c.observe(outcome(3, 3))
+    assert model.costs.draft.n == 1
+
+
+def test_exploration_measures_the_target_step_first_then_neighbours() -> None:
+    model = GoodputModel(8, GoodputConfig(explore_share=0.05))
+    ks = run_request(model, lambda k: min(k, 4), 300)  # the draft agrees for 4 tokens, then never
+    assert 0 in ks[:20]  # the baseline gets measured early
+    assert model.costs.verify[0].n >= 3
+    counts = {k: ks.count(k) for k in set(ks)}
+    assert max(counts, key=lambda k: counts[k]) in (4, 5)
+    explored = [k for k in counts if k not in (4, 5)]
+    assert len(explored) >= 3  # neighbours and far k are measured too
+    assert sum(counts[k] for k in explored) / len(ks) < 0.1
+
+
+def test_a_bad_request_among_good_ones_stops_drafting_at_once() -> None:
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0))
+    for _ in range(10):
+        run_request(model, good, 30)
+    ks = run_request(model, useless, 30)
+    assert ks[0] > 0  # everybody else speculates well
+    assert sum(k > 0 for k in ks) <= 3
+
+
+def test_a_good_request_among_bad_ones_is_found_when_requests_differ() -> None:
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0))
+    probe = GoodputController(model, 8, model.config)
+    for _ in range(40):  # recent drafting went badly: on average nothing pays now...
+        probe.observe(outcome(1, 0))
+    for i in range(10):  # ...but among recent requests, some had a draft that agreed well
+        if i % 4 == 0:
+            model.request_finished(accepted=16, tested=16)
+        else:
+            model.request_finished(accepted=0, tested=2)
+    assert model.estimate(0, 0).k_best == 0
+    assert model.requests_differ()
+    ks = run_request(model, good, 30)
+    assert ks[0] == model.config.probe_k  # this one may be a good one: probe
+    assert sum(k >= 4 for k in ks[5:]) / len(ks[5:]) > 0.8  # it was: it speculates
+
+
+def test_a_homogeneous_useless_population_does_not_probe_new_requests() -> None:
+    model = GoodputModel(8, GoodputConfig(probe_share=0.0))
+    for _ in range(10):
+        run_request(model, useless, 30)
+    assert not model.requests_differ()
+    assert run_request(model, useless, 30) == [0] * 30
+
+
+def test_a_request_on_the_target_alone_does_not_resume_on_priors_alone() -> None:
+    model = GoodputModel(8, GoodputConfig(probe_share=0.0, memory_iterations=50))
+    run_request(model, useless, 10)
+    ks = run_request(model, useless, 200)  # the evidence fades; the prior (0.7) alone would pay here
+    assert ks[0] == 1  # a new request acts on the estimate it finds...
+    assert sum(k > 0 for k in ks[1:]) == 0  # ...but does not resume drafting on the priors alone
+    assert model.estimate(0, 0).k_best > 0  # ... which a new request would act on
+
+
+def test_a_draft_that_recovers_is_noticed() -> None:
+    model = GoodputModel(8, GoodputConfig(probe_share=0.1, memory_iterations=200))
+    for _ in range(10):
+        run_request(model, useless, 48)
+    ks: list[int] = []
+    for _ in range(20):  # the draft is good again (a fault cleared)
+        ks += run_request(model, good, 48)
+    assert sum(k >= 4 for k in ks[-96:]) / 96 > 0.8
+
+
+def test_snapshot_reports_the_estimates() -> None:
+    model = GoodputModel(4, GoodputConfig())
+    run_request(model, good, 20, k_max=4)
+    snap = model.snapshot()
+    assert len(snap["acceptance_per_position"]) == 4
+    assert snap["draft_token_s"] == pytest.approx(D)
+    assert snap["k_best_now"] == 4
+
+
+def test_an_unlucky_start_is_corrected_by_sampled_probes() -> None:
+    """Three unlucky first drafts make the means say "nothing pays"; thin evidence
+    keeps the posterior wide, so new requests still probe and find the draft good."""
+    model = GoodputModel(8, GoodputConfig(probe_share=0.0, min_paying_share=0.0, prior_draft_cost=0.4))
+    c = GoodputController(model, 8, model.config)
+    for k, acc in [(2, 1), (4, 0), (3, 1)]:
+        c.observe(outcome(k, acc, d=0.018, v=lambda k: 0.045 if k == 0 else 0.08 + 0.003 * k))
+    assert model.estimate(0, 0).k_best == 0
+    requests = [run_request(model, good, 20) for _ in range(10)]
+    assert any(ks[0] > 0 for ks in requests[:5])  # probes...
+    assert sum(k >= 3 for k in requests[-1]) / 20 > 0.8  # ...that put it back to work
+
+
+def test_sampled_probes_are_rare_once_the_evidence_is_clear() -> None:
+    model = GoodputModel(8, GoodputConfig())
+    c = GoodputController(model, 8, model.config)
+    for _ in range(200):
+        c.observe(outcome(1, 0))
+    draws = [model.sampled_k() for _ in range(500)]
+    assert sum(k > 0 for k in draws) / 500 < 0.02
+
+
+def test_positions_never_drafted_are_assumed_like_the_ones_before() -> None:
+    model = GoodputModel(8, GoodputConfig(prior_acceptance=0.5))
+    c = GoodputController(model, 8, model.config)
+    for _ in range(30):
+        c.observe(outcome(3, 3))  # only k=3 ever drafted, always fully accepted
+    a = model.estimate(0, 0).acceptance
+    assert a[0] > 0.9 and a[2] > 0.9
+    assert a[3] > 0.9 and a[7] > 0.9  # inherited, not the 0.5 prior
+    assert model.estimate(0, 0).k_best > 3  # so longer drafts get tried

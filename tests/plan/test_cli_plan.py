@@ -1,0 +1,68 @@
+"""``trtspec plan`` through Typer's test runner (the command mounted on a local app)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trtspec.cli.plan import plan
+from trtspec.control import load_policy
+
+app = typer.Typer()
+app.command()(plan)
+runner = CliRunner()
+
+S = (1 - 0.8**5) / 0.2 / (4 * 0.1 + 1)
+
+
+def test_plan_json(small_log: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = runner.invoke(app, [str(small_log), "--alpha", "0.8", "--c", "0.1", "--k", "4", "--tokens-per-s", "100",
+                            "--gpu-price", "3", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["speedup"]["recommended_policy"] == pytest.approx(S)
+    assert data["roi"]["gpu_hours_per_day_off"] == pytest.approx(4.8)
+    assert data["policy"]["threshold"] == 0
+    assert load_policy(data["files"]["policy_offline_only"]).rollout.mode.value == "offline_only"
+    assert json.loads((out / "plan.json").read_text())["log"]["requests"] == 5
+    assert (out / "plan.html").read_text().count("data:image/png;base64,") >= 2
+    assert (out / "plan.md").read_text().count("](data:image/png;base64,") >= 2
+
+
+def test_plan_text(small_log: Path, tmp_path: Path) -> None:
+    r = runner.invoke(app, [str(small_log), "--alpha", "0.8", "--c", "0.1", "--k", "4", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "expected overall speedup" in r.stdout
+    assert "above the current threshold (64 tokens): 40.0% of requests" in r.stdout
+
+
+def test_bad_rows_fail_with_their_line_numbers_unless_skipped(small_log: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = small_log.read_text().splitlines()
+    lines.insert(2, '{"prompt_tokens": "ten", "output_tokens": 3, "timestamp": 5}')  # line 3
+    lines.append("not json")  # line 7
+    bad.write_text("\n".join(lines) + "\n")
+    args = [str(bad), "--alpha", "0.8", "--c", "0.1", "--out", str(tmp_path / "o")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1
+    assert f"{bad}:3: prompt_tokens must be an integer" in r.stderr
+    assert f"{bad}:7: not valid JSON" in r.stderr
+    assert "2 bad row(s)" in r.stderr and "--skip-bad-rows" in r.stderr
+    r = runner.invoke(app, [*args, "--skip-bad-rows", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert [b["line"] for b in data["log"]["bad_rows"]] == [3, 7]
+    assert data["log"]["requests"] == 5
+
+
+def test_inputs_are_required(small_log: Path, tmp_path: Path) -> None:
+    r = runner.invoke(app, [str(small_log), "--alpha", "0.8", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1
+    assert "--bench RESULTS.json, or --alpha and --c" in r.stderr
+    r = runner.invoke(app, [str(small_log), "--alpha", "1.5", "--c", "0.1", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "--alpha must be in [0, 1]" in r.stderr

@@ -1,0 +1,48 @@
+"""Per-request fallback to the target alone.
+
+Rule: after ``zero_accept_iterations`` (3) consecutive iterations that drafted
+(``k > 0``) and had nothing accepted, the request continues on the target
+alone (``k = 0``) for ``cooldown_tokens`` (32) emitted tokens, then tries the
+draft again with a fresh count. Iterations with ``k == 0`` neither count nor
+reset the streak.
+"""
+
+from __future__ import annotations
+
+from trtspec.control.config import FallbackConfig
+from trtspec.spec.types import IterationOutcome
+
+
+class FallbackGuard:
+    """One request's zero-acceptance streak and cool-down. Not thread-safe (one request, one thread)."""
+
+    def __init__(self, config: FallbackConfig) -> None:
+        self.config = config
+        self.zero_streak = 0
+        self.cooldown_left = 0  # emitted tokens still to go on the target alone
+        self.fallbacks = 0  # times this request fell back
+
+    @property
+    def active(self) -> bool:
+        """True while the request must run on the target alone."""
+        return self.cooldown_left > 0
+
+    def observe(self, outcome: IterationOutcome) -> bool:
+        """Learn from one iteration; True when this iteration started a fallback."""
+        if not self.config.enabled:
+            return False
+        if self.cooldown_left > 0:
+            self.cooldown_left = max(0, self.cooldown_left - outcome.emitted)
+            return False
+        if outcome.k == 0:
+            return False
+        if outcome.accepted > 0:
+            self.zero_streak = 0
+            return False
+        self.zero_streak += 1
+        if self.zero_streak >= self.config.zero_accept_iterations:
+            self.zero_streak = 0
+            self.cooldown_left = self.config.cooldown_tokens
+            self.fallbacks += 1
+            return True
+        return False
