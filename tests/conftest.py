@@ -13,7 +13,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from collections.abc import Iterator  # noqa: E402
+
+from trtspec.build.repo import write_model_repo  # noqa: E402
+from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver  # noqa: E402
 from trtspec.testing.tiny import make_tiny_llama  # noqa: E402
+
+MAX_TOKENS_LIMIT = 200  # the tiny models hold 256 tokens
 
 # One intra-op thread: the tiny models gain nothing from two, and the demo pair's
 # tests check outputs, not speed (benchmarks measure speed).
@@ -62,3 +68,51 @@ def demo_pair(demo_pair_paths):
     from trtspec.runtime.pair import load_pair
 
     return load_pair(demo_pair_paths.target, demo_pair_paths.draft)
+
+
+# The served tests check that speculation happens and stays exact. With the default
+# policy the tiny pair would rightly stop speculating: goodput learns that a BLS round
+# trip costs more than their forward pass, and their ~35% rejection opens the breaker.
+# (The control plane's own tests cover those decisions.)
+STATIC_POLICY = """
+draft_length:
+  controller: static
+  static: {k: 5}
+breaker: {enabled: false}
+fallback: {enabled: false}
+"""
+
+
+@pytest.fixture(scope="session")
+def static_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    p.write_text(STATIC_POLICY)
+    return p
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, tiny_draft: Path, static_policy: Path) -> Path:
+    return write_model_repo(
+        tmp_path_factory.mktemp("repo") / "model_repo",
+        target_checkpoint=tiny_target,
+        draft_checkpoint=tiny_draft,
+        max_tokens_limit=MAX_TOKENS_LIMIT,
+        max_concurrency=8,
+        max_sessions=64,
+        policy_file=static_policy,
+    )
+
+
+@pytest.fixture(scope="session")
+def triton(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A real tritonserver on the tiny repository, loopback only, free ports."""
+    try:
+        install = find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    server = TritonServer(tiny_repo, log_file=tmp_path_factory.mktemp("triton") / "tritonserver.log", install=install)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

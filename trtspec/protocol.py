@@ -19,6 +19,9 @@ TARGET = "target"
 DRAFT = "draft"
 
 
+PRIORITIES = ("high", "normal", "low")
+
+
 class Speculation(str, enum.Enum):
     """Per-request speculation switch."""
 
@@ -57,7 +60,7 @@ SPEC_DECODE_INPUTS = (
     TensorSpec("random_seed", "TYPE_UINT64", (1,), True, "TensorRT-LLM's name for seed"),
     TensorSpec("stop_words", "TYPE_STRING", (-1,), True, "stop strings; empty strings are ignored"),
     TensorSpec("bad_words", "TYPE_STRING", (-1,), True, "TensorRT-LLM compatibility: only empty values accepted"),
-    TensorSpec("priority", "TYPE_INT32", (1,), True, "scheduling priority, >= 0 (0 default)"),
+    TensorSpec("priority", "TYPE_STRING", (1,), True, "high | normal (default) | low: routing and admission"),
     TensorSpec("speculation", "TYPE_STRING", (1,), True, "auto (default) | on | off"),
 )
 

@@ -67,8 +67,8 @@ def test_workload_prompts_do_not_follow_the_arm() -> None:
 
 def test_load_prompts(tmp_path: Path) -> None:
     p = tmp_path / "p.jsonl"
-    p.write_text('{"prompt": "hi", "max_tokens": 7}\n\n{"text_input": "yo", "priority": 2}\n')
-    assert load_prompts(p) == [Prompt("hi", 7, None), Prompt("yo", None, 2)]
+    p.write_text('{"prompt": "hi", "max_tokens": 7}\n\n{"text_input": "yo", "priority": "high"}\n')
+    assert load_prompts(p) == [Prompt("hi", 7, None), Prompt("yo", None, "high")]
     p.write_text('{"prompt": "ok"}\n{"prompt": ""}\nnope\n{"prompt": "x", "max_tokens": 0}\n')
     with pytest.raises(WorkloadError) as e:
         load_prompts(p)

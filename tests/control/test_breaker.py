@@ -185,3 +185,4 @@ def test_disabled_breaker_stays_closed(clock: FakeClock) -> None:
     b, rec = make(clock, enabled=False)
     feed(b, 100)
     assert b.state is CLOSED and b.admit() == (CLOSED, True) and rec.seen == []
+    assert b.snapshot().rejection_rate is not None  # still measured, for the metrics

@@ -36,7 +36,7 @@ def parse(limit: int = 100, **values):
 
 def test_minimal_request_gets_the_defaults():
     r = parse(text_input="hello", max_tokens=5)
-    assert (r.text, r.max_tokens, r.stream, r.priority, r.request_id) == ("hello", 5, False, 0, "r1")
+    assert (r.text, r.max_tokens, r.stream, r.priority, r.request_id) == ("hello", 5, False, "normal", "r1")
     assert r.sampling.greedy and r.sampling.top_k == 0 and r.sampling.top_p == 1.0 and r.sampling.seed is None
     assert r.speculation is Speculation.auto and r.stop_words == ()
 
@@ -51,11 +51,11 @@ def test_every_optional_input_is_read():
         top_p=0.9,
         seed=np.array([[3]], dtype=np.int64),
         stop_words=["\n\n", "", "END"],
-        priority=2,
+        priority="HIGH",
         speculation="OFF",
         bad_words=[""],
     )
-    assert r.text == "héllo" and r.stream and r.priority == 2
+    assert r.text == "héllo" and r.stream and r.priority == "high"
     assert r.sampling.temperature == 0.5 and r.sampling.top_k == 40 and r.sampling.top_p == pytest.approx(0.9)
     assert r.sampling.seed == 3
     assert r.stop_words == ("\n\n", "END")  # empty stop words are dropped (TensorRT-LLM clients send "")
@@ -98,7 +98,8 @@ def test_generate_parameters_are_read_when_no_tensor_carries_the_input():
         (dict(text_input="x", max_tokens=2, top_p=0.0), "top_p must be in (0, 1]"),
         (dict(text_input="x", max_tokens=2, top_k=-1), "top_k must be an integer >= 0"),
         (dict(text_input="x", max_tokens=2, seed=-4), "seed must be a non-negative integer"),
-        (dict(text_input="x", max_tokens=2, priority=-1), "priority must be >= 0, got -1"),
+        (dict(text_input="x", max_tokens=2, priority="urgent"), "priority must be one of high, normal, low; got 'urgent'"),
+        (dict(text_input="x", max_tokens=2, priority=2), "input 'priority' must be a string"),
         (dict(text_input="x", max_tokens=2, stream=np.array([[1]], dtype=np.int32)), "input 'stream' must be a boolean"),
         (dict(text_input="x", max_tokens=2, bad_words=["damn"]), "bad_words is not supported"),
     ],

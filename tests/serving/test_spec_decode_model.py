@@ -17,8 +17,10 @@ PROMPTS = ("The quick brown fox", "Hello world! How are", "Numbers 0 1 2", "def 
 
 
 @pytest.fixture(scope="module")
-def pb(tiny_target: Path, tiny_draft: Path):
-    fake = fake_deployment(tiny_target, tiny_draft, max_tokens_limit=MAX_TOKENS_LIMIT, max_concurrency=4)
+def pb(tiny_target: Path, tiny_draft: Path, static_policy: Path):
+    fake = fake_deployment(
+        tiny_target, tiny_draft, max_tokens_limit=MAX_TOKENS_LIMIT, max_concurrency=4, policy_file=str(static_policy)
+    )
     yield fake
     fake.finalize()
 
@@ -104,7 +106,7 @@ def test_cancellation_stops_the_loop(pb):
     call = pb.client_request("spec_decode", {"text_input": PROMPTS[0], "max_tokens": 150, "stream": True, "speculation": "off"})
     call.sender.on_send = lambda resp, flags: call.request.cancel()  # the client goes away after the first chunk
     model = pb._models["spec_decode"].instance
-    before = dict(model.metrics.counts)
+    before = model.outcomes.copy()
     pb.execute("spec_decode", [call])
     call.wait(60)
     assert call.sender.final_count == 1
@@ -112,7 +114,7 @@ def test_cancellation_stops_the_loop(pb):
     assert call.error.message() == "request cancelled by the client"
     text_chunks = [r for r in call.responses if not r.has_error()]
     assert len(text_chunks) == 1  # the loop stopped at the next iteration
-    assert model.metrics.counts["cancelled"] == before["cancelled"] + 1
+    assert model.outcomes["cancelled"] == before["cancelled"] + 1
 
 
 def test_a_dead_draft_costs_speed_not_correctness(pb, reference):
@@ -156,9 +158,9 @@ def test_speculation_on_without_a_draft_is_refused(tiny_target: Path):
 
 def test_outcomes_are_counted(pb):
     model = pb._models["spec_decode"].instance
-    before = dict(model.metrics.counts)
+    before = model.outcomes.copy()
     run(pb, [{"text_input": "a", "max_tokens": 2}, {"text_input": "b", "max_tokens": -1}])
-    after = model.metrics.counts
+    after = model.outcomes
     assert after["ok"] == before["ok"] + 1 and after["invalid"] == before["invalid"] + 1
 
 

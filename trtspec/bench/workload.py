@@ -1,7 +1,7 @@
 """What ``trtspec bench`` sends: prompts, output lengths, the A/B arms, and when.
 
 - Prompts: the built-in set (:func:`trtspec.data.benchmark_prompts`) or a JSONL
-  file, one object per line: ``{"prompt": "...", "max_tokens": 64, "priority": 0}``
+  file, one object per line: ``{"prompt": "...", "max_tokens": 64, "priority": "normal"}``
   (``text_input`` is accepted for ``prompt``; ``max_tokens`` and ``priority``
   are optional). Bad lines are reported with their line numbers.
 - Output lengths: ``--max-tokens 64`` (every request) or ``32-128`` (uniform,
@@ -40,7 +40,7 @@ class WorkloadError(BenchError):
 class Prompt:
     text: str
     max_tokens: int | None = None  # None: the run's output-length setting
-    priority: int | None = None
+    priority: str | None = None  # high | normal | low
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class RequestSpec:
     prompt: str
     max_tokens: int
     arm: str  # auto | on | off
-    priority: int | None = None
+    priority: str | None = None  # high | normal | low
 
     @property
     def request_id(self) -> str:
@@ -171,8 +171,8 @@ def load_prompts(path: str | Path) -> list[Prompt]:
             problems.append(f"line {n}: 'max_tokens' must be an integer >= 1, got {mt!r}")
             continue
         pr = obj.get("priority")
-        if pr is not None and (not isinstance(pr, int) or isinstance(pr, bool) or pr < 0):
-            problems.append(f"line {n}: 'priority' must be an integer >= 0, got {pr!r}")
+        if pr is not None and pr not in ("high", "normal", "low"):
+            problems.append(f"line {n}: 'priority' must be high, normal or low, got {pr!r}")
             continue
         prompts.append(Prompt(text, mt, pr))
     if problems:

@@ -147,8 +147,13 @@ class CircuitBreaker:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Add one iteration of any request (``drafted == 0``: nothing to learn).
-        A disabled breaker (``enabled: false``) learns nothing and stays CLOSED."""
-        if drafted == 0 or not self.config.enabled:
+        A disabled breaker (``enabled: false``) still measures the rolling rejection
+        rate (for the metrics) but never leaves CLOSED."""
+        if drafted == 0:
+            return
+        if not self.config.enabled:
+            with self._lock:
+                self._window.observe(drafted, accepted)
             return
         fired: list[Transition] = []
         with self._lock:
@@ -169,6 +174,8 @@ class CircuitBreaker:
 
     def _update(self, fired: list[Transition]) -> None:
         cfg, now = self.config, self._clock()
+        if not cfg.enabled:
+            return
         if self._state is BreakerState.OPEN:
             if now - self._since >= cfg.cooldown_s:
                 self._window.clear()

@@ -53,7 +53,7 @@ class GenerateParams:
     seed: int | None = None
     stop_words: Sequence[str] = ()
     speculation: str | None = None  # auto | on | off
-    priority: int | None = None
+    priority: str | None = None  # high | normal | low
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
@@ -133,7 +133,7 @@ _GRPC_TYPES = {
     "seed": ("INT64", np.int64),
     "stop_words": ("BYTES", np.object_),
     "speculation": ("BYTES", np.object_),
-    "priority": ("INT32", np.int32),
+    "priority": ("BYTES", np.object_),
 }
 
 

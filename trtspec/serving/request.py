@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import InvalidRequestError
-from trtspec.protocol import Speculation
+from trtspec.protocol import PRIORITIES, Speculation
 from trtspec.spec.types import SamplingParams
 
 Lookup = Callable[[str], Any]  # numpy array (an input tensor), a JSON scalar/list (a parameter), or None
@@ -32,7 +32,7 @@ class ServeRequest:
     stream: bool = False
     sampling: SamplingParams = SamplingParams()
     stop_words: tuple[str, ...] = ()
-    priority: int = 0
+    priority: str = "normal"  # high | normal | low
     speculation: Speculation = Speculation.auto
     request_id: str = ""
 
@@ -68,9 +68,9 @@ def parse_request(get: Lookup, *, max_tokens_limit: int, request_id: str = "") -
     stop_words = tuple(w for w in _texts(get, "stop_words") if w)
     if any(w for w in _texts(get, "bad_words")):
         raise InvalidRequestError("bad_words is not supported by this server; send it empty or leave it out")
-    priority = _int(get, "priority")
-    if priority is not None and priority < 0:
-        raise InvalidRequestError(f"priority must be >= 0, got {priority}")
+    priority = (_text(get, "priority") or "normal").strip().lower()
+    if priority not in PRIORITIES:
+        raise InvalidRequestError(f"priority must be one of {', '.join(PRIORITIES)}; got {priority!r}")
     spec_text = _text(get, "speculation")
     speculation = Speculation.auto
     if spec_text is not None and spec_text != "":
@@ -85,7 +85,7 @@ def parse_request(get: Lookup, *, max_tokens_limit: int, request_id: str = "") -
         stream=bool(stream),
         sampling=sampling,
         stop_words=stop_words,
-        priority=priority or 0,
+        priority=priority,
         speculation=speculation,
         request_id=request_id,
     )

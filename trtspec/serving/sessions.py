@@ -146,6 +146,10 @@ class SessionStore:
         self.stats.tokens_reused += keep
         return entry, keep
 
+    def cache_bytes(self) -> int:
+        """KV-cache bytes held by all sessions (0 for runtimes that do not report it)."""
+        return sum(int(getattr(e.session, "cache_bytes", 0) or 0) for e in self._entries.values())
+
     def release(self, session_id: str) -> bool:
         """Free ``session_id``'s cache; False if it held none."""
         if session_id not in self._entries:

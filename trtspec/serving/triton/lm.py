@@ -70,6 +70,7 @@ class TritonPythonModel:
             max_context=max_context or None,
         )
         self.store = SessionStore(self.loaded.lm, param_int(params, "max_sessions", 64))
+        self._memory = _MemoryGauge(self.pb, self.name, self.loaded.weight_bytes)
         if param_bool(params, "warmup", True):
             self.warmup_s = self.warm_up()
         self.pb.Logger.log_info(
@@ -79,6 +80,13 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list) -> list:
+        try:
+            return self._execute(requests)
+        finally:
+            if self.store is not None:
+                self._memory.update(self.store.cache_bytes())
+
+    def _execute(self, requests: list) -> list:
         responses = []
         for request in requests:
             try:
@@ -179,6 +187,26 @@ class TritonPythonModel:
         self.store.release(sid)
         self.store.stats = type(self.store.stats)()  # warm-up does not count
         return time.perf_counter() - t0
+
+
+class _MemoryGauge:
+    """``trtspec_model_memory_bytes{model, role}``: weights plus the KV caches held now."""
+
+    def __init__(self, pb: Any, name: str, weight_bytes: int) -> None:
+        from trtspec.obs import TritonMetricSink
+        from trtspec.obs import metrics as M
+
+        self._sink = TritonMetricSink(pb)
+        self._spec = M.MODEL_MEMORY
+        self._labels = {"model": name, "role": name if name in ("draft", "target") else "model"}
+        self._weights = weight_bytes
+        self.update(0)
+
+    def update(self, cache_bytes: int) -> None:
+        try:
+            self._sink.set(self._spec, self._labels, self._weights + cache_bytes)
+        except Exception:  # a metric must never fail a request
+            pass
 
 
 def _scalar(pb: Any, request: Any, name: str, required: bool = True) -> Any:

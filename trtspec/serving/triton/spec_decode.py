@@ -3,7 +3,8 @@
 Decoupled. ``execute`` validates each request of the batch (a bad one gets
 ``INVALID_ARG`` at once, the others go on) and hands the good ones to a small
 thread pool, so several requests progress concurrently. A worker tokenizes the
-prompt, picks the draft-length policy (:func:`choose_policy`), and runs the
+prompt, asks the control plane's governor (:mod:`trtspec.control`: routing,
+rollout, admission, breaker) whether and how much to speculate, and runs the
 unchanged :class:`~trtspec.spec.SpeculativeDecoder` on BLS proxies of the
 ``draft`` and ``target`` models (:mod:`trtspec.serving.triton.bls`), so the
 draft runs in its own process. With ``stream`` true every loop chunk with text
@@ -26,12 +27,14 @@ Model parameters (``config.pbtxt``, all strings):
 ``target_max_context``   target's context window in tokens (required)
 ``draft_max_context``    draft's context window (required with a draft)
 ``max_tokens_limit``     largest ``max_tokens`` a request may ask (1024)
-``draft_length``         ``k``, tokens drafted per iteration (5)
+``draft_length``         most tokens drafted per iteration (caps the policy's ``k_max``; 5)
 ``max_concurrency``      requests decoded at once (worker threads, 8)
 ``apply_chat_template``  wrap ``text_input`` in the tokenizer's chat template (true)
 ``warmup``               warm the loop and tokenizer at load (true)
-``policy_file``          control-plane policy (read by the governor, later)
+``policy_file``          control-plane policy file (YAML; default: the built-in policy)
 ``manifest_file``        build manifest (informational)
+``trace_file``           rejection trace (JSONL, rotated); empty: no trace
+``trace_sample_rate``    share of rejections traced (0.01)
 =======================  =====================================================
 """
 
@@ -41,6 +44,7 @@ import json
 import threading
 import time
 import traceback
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,15 +52,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from trtspec.control import Policy, RequestInfo, SpeculationGovernor, load_policy
+from trtspec.control.config import Priority
+from trtspec.control.governor import RequestControl
+from trtspec.control.types import Speculation as ControlSpeculation
 from trtspec.errors import InvalidRequestError
+from trtspec.obs import RejectionTracer, SpecMetrics, TokenTimer, TritonMetricSink
 from trtspec.protocol import SPEC_DECODE, Speculation
 from trtspec.serving.request import ServeRequest, parse_request
 from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
 from trtspec.serving.triton.bls import BLSError, BLSLanguageModel
 from trtspec.spec import (
-    DraftLengthPolicy,
     FinishReason,
     FixedDraftLength,
+    Generation,
     GenerationRequest,
     GenerationResult,
     SpeculativeDecoder,
@@ -79,6 +88,8 @@ class SpecDecodeConfig:
     warmup: bool = True
     policy_file: str = ""
     manifest_file: str = ""
+    trace_file: str = ""
+    trace_sample_rate: float = 0.01
 
     @classmethod
     def from_model_config(cls, model_config: dict) -> SpecDecodeConfig:
@@ -100,6 +111,8 @@ class SpecDecodeConfig:
             warmup=param_bool(p, "warmup", True),
             policy_file=param_str(p, "policy_file", ""),
             manifest_file=param_str(p, "manifest_file", ""),
+            trace_file=param_str(p, "trace_file", ""),
+            trace_sample_rate=float(param_str(p, "trace_sample_rate", "0.01") or 0.01),
         )
         if cfg.draft_model and cfg.draft_max_context <= 0:
             raise ValueError("spec_decode: draft_max_context is required with a draft_model")
@@ -108,18 +121,30 @@ class SpecDecodeConfig:
         return cfg
 
 
-def choose_policy(request: ServeRequest, config: SpecDecodeConfig) -> DraftLengthPolicy:
-    """Route one request and choose its draft length: THE one place that decides.
+def load_governor(config: SpecDecodeConfig, listeners: list) -> SpeculationGovernor:
+    """The deployment's control plane: the policy file (or the built-in policy), ``k_max``
+    capped at the build's ``draft_length``; no draft deployed -> nobody speculates."""
+    policy = load_policy(config.policy_file) if config.policy_file else Policy()
+    dl = policy.draft_length
+    if config.draft_length < dl.k_max:
+        policy = policy.model_copy(update={"draft_length": dl.model_copy(update={"k_max": max(1, config.draft_length)})})
+    governor = SpeculationGovernor(policy, clock=time.monotonic, breaker_listeners=listeners)
+    if not config.draft_model or config.draft_length == 0:
+        governor.set_draft_available(False)
+    return governor
 
-    Today: a constant ``k`` (``draft_length``) when a draft is deployed and the
-    request does not turn speculation off; ``k = 0`` (target alone) otherwise.
-    The control plane's governor replaces this function.
-    """
-    if request.speculation is Speculation.on and not config.draft_model:
+
+def request_info(request: ServeRequest, prompt_len: int, max_new_tokens: int, has_draft: bool) -> RequestInfo:
+    """What routing needs to know; ``speculation: on`` without a draft is the client's error."""
+    if request.speculation is Speculation.on and not has_draft:
         raise InvalidRequestError("speculation 'on' needs a draft model; this deployment serves the target alone")
-    if request.speculation is Speculation.off or not config.draft_model:
-        return FixedDraftLength(0)
-    return FixedDraftLength(config.draft_length)
+    return RequestInfo(
+        request_id=request.request_id,
+        context_tokens=prompt_len,
+        max_new_tokens=max_new_tokens,
+        priority=Priority(request.priority),
+        speculation=ControlSpeculation(request.speculation.value),
+    )
 
 
 class _LockedTokenizer:
@@ -140,52 +165,6 @@ class _LockedTokenizer:
     def eos_token_ids(self) -> frozenset[int]:
         with self._lock:
             return self._tok.eos_token_ids()
-
-
-class _Metrics:
-    """Request outcomes and token counters as Triton custom metrics (on the metrics port).
-
-    PromQL: ``rate(trtspec_requests_total{outcome="ok"}[1m])``;
-    acceptance rate ``rate(trtspec_accepted_tokens_total[5m]) / rate(trtspec_drafted_tokens_total[5m])``.
-    The families are kept referenced: pb_utils refuses to touch a metric whose family was collected.
-    """
-
-    OUTCOMES = ("ok", "invalid", "cancelled", "unavailable", "error")
-    TOKENS = (
-        ("emitted", "tokens emitted to clients"),
-        ("drafted", "tokens proposed by the draft"),
-        ("accepted", "drafted tokens kept by verification"),
-    )
-
-    def __init__(self, pb: Any, model: str) -> None:
-        self._lock = threading.Lock()
-        self.counts = {o: 0 for o in self.OUTCOMES}
-        self.tokens = {kind: 0 for kind, _ in self.TOKENS}
-        self._families: list[Any] = []
-        self._requests: dict[str, Any] = {}
-        self._token_metrics: dict[str, Any] = {}
-        family = getattr(pb, "MetricFamily", None)
-        if family is None:
-            return
-        req = family(name="trtspec_requests_total", description="spec_decode requests by outcome", kind=family.COUNTER)
-        self._families.append(req)
-        self._requests = {o: req.Metric(labels={"model": model, "outcome": o}) for o in self.OUTCOMES}
-        for kind, desc in self.TOKENS:
-            fam = family(name=f"trtspec_{kind}_tokens_total", description=desc, kind=family.COUNTER)
-            self._families.append(fam)
-            self._token_metrics[kind] = fam.Metric(labels={"model": model})
-
-    def observe(self, outcome: str, result: GenerationResult | None) -> None:
-        with self._lock:
-            self.counts[outcome] += 1
-            if outcome in self._requests:
-                self._requests[outcome].increment(1)
-            if result is not None:
-                s = result.stats
-                for kind, n in (("emitted", s.emitted_tokens), ("drafted", s.drafted_tokens), ("accepted", s.accepted_tokens)):
-                    self.tokens[kind] += n
-                    if kind in self._token_metrics and n:
-                        self._token_metrics[kind].increment(n)
 
 
 class _Reply:
@@ -242,8 +221,11 @@ class TritonPythonModel:
         self.pb: Any = None
         self.config: SpecDecodeConfig | None = None
         self.decoder: SpeculativeDecoder | None = None
+        self.target_only: SpeculativeDecoder | None = None
         self.tokenizer: _LockedTokenizer | None = None
-        self.metrics: _Metrics | None = None
+        self.metrics: SpecMetrics | None = None
+        self.governor: SpeculationGovernor | None = None
+        self.outcomes: Counter[str] = Counter()  # requests by outcome (also on the metrics port)
         self.warmup_s: float | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._closing = False
@@ -264,12 +246,19 @@ class TritonPythonModel:
         target = BLSLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context)
         draft = BLSLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context) if cfg.draft_model else None
         self.decoder = SpeculativeDecoder(target, draft, detokenizer=self.tokenizer)
-        self.metrics = _Metrics(pb, args.get("model_name") or SPEC_DECODE)
+        self.target_only = SpeculativeDecoder(target, None, detokenizer=self.tokenizer)
+        tracer = (
+            RejectionTracer(cfg.trace_file, cfg.trace_sample_rate, detokenizer=self.tokenizer) if cfg.trace_file else None
+        )
+        self.metrics = SpecMetrics(TritonMetricSink(pb), model=args.get("model_name") or SPEC_DECODE, tracer=tracer)
+        self.governor = load_governor(cfg, [self.metrics])
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_concurrency, thread_name_prefix="spec_decode")
         if cfg.warmup:
             self.warmup_s = self.warm_up()
         pb.Logger.log_info(
-            f"trtspec spec_decode: target '{cfg.target_model}', draft '{cfg.draft_model or '-'}', k={cfg.draft_length}, "
+            f"trtspec spec_decode: target '{cfg.target_model}', draft '{cfg.draft_model or '-'}', "
+            f"policy {cfg.policy_file or 'built-in'} ({self.governor.policy.draft_length.controller.value}, "
+            f"k_max {self.governor.policy.draft_length.k_max}), "
             f"{cfg.max_concurrency} workers, warm-up {self.warmup_s if self.warmup_s is not None else 'off'}"
         )
 
@@ -311,15 +300,18 @@ class TritonPythonModel:
 
     def _serve(self, reply: _Reply, sreq: ServeRequest) -> None:
         pb = self.pb
-        assert self.decoder is not None and self.config is not None and self.tokenizer is not None
+        assert self.decoder is not None and self.target_only is not None and self.config is not None
+        assert self.tokenizer is not None and self.governor is not None and self.metrics is not None
         result: GenerationResult | None = None
         outcome = "error"
+        control: RequestControl | None = None
+        gen: Generation | None = None
+        timer = TokenTimer()
         try:
             if self._closing:
                 outcome = "unavailable"
                 reply.send_error("the server is shutting down", "UNAVAILABLE")
                 return
-            policy = choose_policy(sreq, self.config)
             prompt = self.tokenizer.encode_prompt(sreq.text, raw=not self.config.apply_chat_template)
             gen_request = GenerationRequest(
                 prompt_ids=tuple(prompt),
@@ -327,11 +319,25 @@ class TritonPythonModel:
                 sampling=sreq.sampling,
                 request_id=sreq.request_id,
             )
-            gen = self.decoder.stream(gen_request, policy, cancelled=lambda: self._closing or reply.is_cancelled())
+            info = request_info(sreq, len(prompt), sreq.max_tokens, bool(self.config.draft_model))
+            control = self.governor.decide(info)
+            self.metrics.request_started(control.speculate, control.reason)
+            decoder = self.decoder if control.speculate else self.target_only
+            gen = decoder.stream(
+                gen_request,
+                self.metrics.wrap_policy(control, sreq.request_id),
+                cancelled=lambda: self._closing or reply.is_cancelled(),
+            )
             for chunk in gen:
+                timer.tokens(len(chunk.token_ids))
                 if sreq.stream and chunk.text:
                     reply.send_text(chunk.text)
             result = gen.result
+            if result.stats.draft_errors:
+                pb.Logger.log_warn(
+                    f"trtspec spec_decode request {sreq.request_id!r}: draft failed "
+                    f"({_one_line(gen.draft_error)}); finished on the target alone"
+                )
             if result.finish_reason is FinishReason.CANCELLED:
                 if self._closing:
                     outcome = "unavailable"
@@ -356,7 +362,7 @@ class TritonPythonModel:
                 pb.Logger.log_error(f"trtspec spec_decode request {sreq.request_id!r}: {traceback.format_exc()}")
                 reply.send_error(f"internal error: {type(e).__name__}: {_one_line(e)}", "INTERNAL")
         finally:
-            self._observe(outcome, result)
+            self._finish(outcome, control, gen, timer)
 
     def _final_outputs(self, text: str, result: GenerationResult, num_input_tokens: int) -> list:
         """The final response's outputs, batch-first (``[1, ...]``) as ``max_batch_size > 0`` implies."""
@@ -378,14 +384,36 @@ class TritonPythonModel:
             pb.Tensor("output_ids", np.array([result.token_ids], dtype=np.int64).reshape(1, -1)),
         ]
 
-    def _observe(self, outcome: str, result: GenerationResult | None) -> None:
-        """Record one request's outcome; never raises (the reply is already sent)."""
-        if self.metrics is None:
-            return
+    def _finish(self, outcome: str, control: RequestControl | None, gen: Generation | None, timer: TokenTimer) -> None:
+        """Release the request's control-plane slot and record its outcome; never raises."""
+        self.outcomes[outcome] += 1
         try:
-            self.metrics.observe(outcome, result)
+            if control is not None:
+                control.finish()
+            if self.metrics is None:
+                return
+            if control is None:
+                self.metrics.request_refused(outcome)
+                return
+            self.metrics.request_finished(
+                gen.stats if gen is not None else None,
+                speculating=control.speculate,
+                outcome=outcome,
+                ttft_s=timer.ttft_s,
+                itl_s=timer.itl_s,
+                latency_s=timer.elapsed_s(),
+                fallbacks=control.fallback.fallbacks,
+            )
+            if self.governor is not None:
+                self.metrics.set_gauges(self.governor.snapshot())
         except Exception as e:
             self.pb.Logger.log_warn(f"trtspec spec_decode: metrics update failed: {_one_line(e)}")
+
+    def _observe(self, outcome: str, result: GenerationResult | None) -> None:
+        """A request refused before it reached a worker (invalid input, shutting down)."""
+        self.outcomes[outcome] += 1
+        if self.metrics is not None:
+            self.metrics.request_refused(outcome)
 
     # -- warm-up -----------------------------------------------------------------
 
