@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install trtspec into .venv and run the main job on the embedded demo pair
-# (SmolLM2-135M-Instruct target + its INT8 draft, prepared once into ~/.cache/trtspec).
+# (SmolLM2-135M-Instruct target + its INT8 draft, prepared once into ~/.cache/trtspec):
+# build -> serve on a real tritonserver -> requests with speculation off and auto ->
+# text and stats -> shut down. Extra arguments go to `trtspec demo` (e.g. --json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,10 +12,4 @@ fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -e .
-trtspec models demo
-for prompt in "Explain how photosynthesis works." "Write a short poem about the sea."; do
-  echo "--- speculation off: $prompt"
-  trtspec generate --local --demo --speculation off --max-tokens 64 --prompt "$prompt"
-  echo "--- speculation on (k=5): $prompt"
-  trtspec generate --local --demo --k 5 --max-tokens 64 --prompt "$prompt"
-done
+exec trtspec demo "$@"

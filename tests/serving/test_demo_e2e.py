@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 PROMPT = "What is speculative decoding? Answer in one sentence."
 
 
-def test_demo_pair_greedy_through_triton_equals_the_target_alone(demo_pair_paths, tmp_path):
+def test_demo_pair_greedy_through_triton_equals_the_target_alone(demo_pair_paths, static_policy, tmp_path):
     from trtspec.runtime.pair import load_pair
 
     try:
@@ -22,7 +22,8 @@ def test_demo_pair_greedy_through_triton_equals_the_target_alone(demo_pair_paths
     except ServerError as e:
         pytest.skip(str(e))
     repo = write_model_repo(tmp_path / "repo", target_checkpoint=demo_pair_paths.target,
-                            draft_checkpoint=demo_pair_paths.draft, draft_length=4, max_tokens_limit=64)
+                            draft_checkpoint=demo_pair_paths.draft, draft_length=4, max_tokens_limit=64,
+                            policy_file=static_policy)  # a fixed k: acceptance measures the draft, not the controller
     target = load_pair(demo_pair_paths.target, None)
     tok = target.target.tokenizer
     request = GenerationRequest(tuple(tok.encode_prompt(PROMPT)), StopCriteria(max_new_tokens=24, eos_token_ids=tok.eos_token_ids()))

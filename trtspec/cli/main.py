@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trtspec import __version__
-from trtspec.cli import bench, build, generate, models, monitoring, plan, policy, serve, trace
+from trtspec.cli import bench, build, demo, generate, models, monitoring, plan, policy, serve, trace
 
 app = typer.Typer(
     name="trtspec",
@@ -18,6 +18,7 @@ app.add_typer(models.app, name="models")
 app.add_typer(policy.app, name="policy")
 app.add_typer(monitoring.app, name="monitoring")
 app.add_typer(trace.app, name="trace")
+app.command("demo")(demo.demo)
 app.command("generate")(generate.generate)
 app.command("build")(build.build)
 app.command("serve")(serve.serve)
