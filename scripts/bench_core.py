@@ -101,14 +101,7 @@ def run_ours(pair, prompts_ids, max_tokens, eos, k) -> dict:
         r = dec.generate(req, FixedDraftLength(k))
         elapsed += time.perf_counter() - t0
         outs.append(r.token_ids)
-        for f in ("iterations", "drafted_tokens", "accepted_tokens", "bonus_tokens", "emitted_tokens"):
-            setattr(total, f, getattr(total, f) + getattr(r.stats, f))
-        for i, a in enumerate(r.stats.accepted_per_position):
-            if i >= len(total.accepted_per_position):
-                total.accepted_per_position.append(0)
-                total.drafted_per_position.append(0)
-            total.accepted_per_position[i] += a
-            total.drafted_per_position[i] += r.stats.drafted_per_position[i]
+        total.merge(r.stats)
     return {"outputs": outs, "time_s": elapsed, "tokens": total.emitted_tokens, "stats": total}
 
 

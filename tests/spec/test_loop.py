@@ -336,3 +336,19 @@ def test_a_one_call_proposer_is_used_and_stays_exact():
     a = SpeculativeDecoder(target, draft).generate(rs, FixedDraftLength(3)).token_ids
     b = SpeculativeDecoder(target, draft).generate(rs, FixedDraftLength(3)).token_ids
     assert a == b
+
+
+def test_stats_merge_adds_counts_and_positions():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V, step=2)
+    dec = SpeculativeDecoder(target, draft)
+    a = dec.generate(req(max_new=10), FixedDraftLength(2)).stats
+    b = SpeculativeDecoder(BigramLM.cycle(V), BigramLM.cycle(V)).generate(req(max_new=12), FixedDraftLength(3)).stats
+    total = dataclasses.replace(a, accepted_per_position=list(a.accepted_per_position),
+                                drafted_per_position=list(a.drafted_per_position))
+    total.merge(b)
+    assert total.drafted_tokens == a.drafted_tokens + b.drafted_tokens
+    assert total.accepted_tokens == a.accepted_tokens + b.accepted_tokens
+    assert total.drafted_per_position == [a.drafted_per_position[0] + b.drafted_per_position[0],
+                                          a.drafted_per_position[1] + b.drafted_per_position[1],
+                                          b.drafted_per_position[2]]
+    assert total.accepted_per_position[2] == b.accepted_per_position[2]

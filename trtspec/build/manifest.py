@@ -11,7 +11,6 @@ what a mismatch allows may loosen later, never silently.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import re
@@ -25,18 +24,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 import trtspec
 from trtspec.build.errors import ManifestError, ManifestMismatchError
+from trtspec.paths import sha256_file
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 Backend = Literal["torch", "trtllm"]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def package_version(name: str) -> str | None:

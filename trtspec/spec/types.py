@@ -169,6 +169,17 @@ class SpecStats:
         for i in range(o.accepted):
             self.accepted_per_position[i] += 1
 
+    def merge(self, other: SpecStats) -> None:
+        """Add ``other``'s counts and times into this one (aggregate over requests)."""
+        for f in ("iterations", "drafted_tokens", "accepted_tokens", "bonus_tokens", "emitted_tokens",
+                  "prompt_tokens", "draft_errors", "draft_time_s", "verify_time_s", "total_time_s"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
+                             (self.drafted_per_position, other.drafted_per_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
+
     @property
     def rejected_tokens(self) -> int:
         return self.drafted_tokens - self.accepted_tokens
