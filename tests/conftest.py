@@ -13,9 +13,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 
 from trtspec.build.repo import write_model_repo  # noqa: E402
+from trtspec.spec import FixedDraftLength, GenerationRequest, GenerationResult, StopCriteria  # noqa: E402
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver  # noqa: E402
 from trtspec.testing.tiny import make_tiny_llama  # noqa: E402
 
@@ -116,3 +117,36 @@ def triton(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield server
     finally:
         server.stop()
+
+
+# -- the in-process reference: what the target alone generates --------------------------
+
+
+@pytest.fixture(scope="session")
+def target_alone(tiny_target: Path):
+    from trtspec.runtime.pair import load_pair
+
+    return load_pair(tiny_target, None)
+
+
+Reference = Callable[..., GenerationResult]
+
+
+@pytest.fixture(scope="session")
+def reference(target_alone) -> Reference:
+    """What the target alone generates in-process for a prompt, tokenized as spec_decode does (memoised)."""
+    tok = target_alone.target.tokenizer
+    cache: dict = {}
+
+    def run(text: str, max_tokens: int, stop_words: Sequence[str] = ()) -> GenerationResult:
+        key = (text, max_tokens, tuple(stop_words))
+        if key not in cache:
+            request = GenerationRequest(
+                prompt_ids=tuple(tok.encode_prompt(text)),
+                stop=StopCriteria(max_new_tokens=max_tokens, eos_token_ids=tok.eos_token_ids(),
+                                  stop_strings=tuple(stop_words)),
+            )
+            cache[key] = target_alone.decoder().generate(request, FixedDraftLength(0))
+        return cache[key]
+
+    return run

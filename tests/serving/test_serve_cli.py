@@ -79,7 +79,8 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         pytest.skip(str(e))
     log_file = tmp_path / "server.log"
     args = [sys.executable, "-c", SERVE, "--model-repo", str(target_only_repo), "--host", "127.0.0.1",
-            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--log-file", str(log_file), "--json"]
+            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--status-port", "0",
+            "--log-file", str(log_file), "--json"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -94,6 +95,9 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         body = json.dumps({"text_input": "Hello", "max_tokens": 4, "speculation": "off"}).encode()
         out = json.loads(urllib.request.urlopen(urllib.request.Request(info["endpoints"]["generate"], data=body), timeout=60).read())
         assert out["num_output_tokens"] == 4 and out["num_draft_tokens"] == 0
+        status = json.loads(urllib.request.urlopen(info["endpoints"]["status"], timeout=60).read())
+        assert status["ready"] and status["models"]["target"]["answers"] and "draft" not in status["models"]
+        assert status["speculation"] == "off" and status["speculation_reason"] == "no draft model deployed"
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
     finally:

@@ -117,15 +117,34 @@ def test_cancellation_stops_the_loop(pb):
     assert model.outcomes["cancelled"] == before["cancelled"] + 1
 
 
+def wait_healthy(pb: FakeTriton, which: str, timeout_s: float = 30.0) -> None:
+    """Poll until spec_decode's supervisor says ``which`` (draft | target) is healthy again.
+    The fake has no model-loading API: the supervisor re-probes with backoff until it answers."""
+    import time
+
+    sup = getattr(pb._models["spec_decode"].instance.health, which)
+    deadline = time.monotonic() + timeout_s
+    while not sup.healthy:
+        assert time.monotonic() < deadline, f"{which} never recovered: {sup.snapshot()}"
+        time.sleep(0.05)
+
+
 def test_a_dead_draft_costs_speed_not_correctness(pb, reference):
     pb.down.add("draft")
     try:
         (c,) = run(pb, [{"text_input": PROMPTS[1], "max_tokens": 30}])
+        calls = pb.bls_calls.get("draft", 0)
+        (d,) = run(pb, [{"text_input": PROMPTS[2], "max_tokens": 10}])  # routed around the known-dead draft
+        assert pb.bls_calls.get("draft", 0) - calls <= 2  # at most the supervisor's probe, no draft per request
     finally:
         pb.down.discard("draft")
+        wait_healthy(pb, "draft")
     ref = reference(PROMPTS[1], 30)
     assert c.error is None and list(final_value(c, "output_ids")) == ref.token_ids
     assert final_value(c, "num_draft_tokens") == 0
+    assert d.error is None and list(final_value(d, "output_ids")) == reference(PROMPTS[2], 10).token_ids
+    (e,) = run(pb, [{"text_input": PROMPTS[1], "max_tokens": 30}])  # recovered: speculating again
+    assert final_value(e, "num_draft_tokens") > 0
 
 
 def test_a_dead_target_is_unavailable_and_one_line(pb):
@@ -134,6 +153,7 @@ def test_a_dead_target_is_unavailable_and_one_line(pb):
         calls = run(pb, [{"text_input": PROMPTS[1], "max_tokens": 5}, {"text_input": PROMPTS[0], "max_tokens": 0}])
     finally:
         pb.down.discard("target")
+        wait_healthy(pb, "target")
     assert calls[0].error.code() == TritonError.UNAVAILABLE
     assert calls[0].error.message().startswith("model 'target' failed: ")
     assert "\n" not in calls[0].error.message()

@@ -26,7 +26,6 @@ them: the honest total).
 from __future__ import annotations
 
 import math
-import os
 import re
 import urllib.error
 import urllib.request
@@ -94,26 +93,11 @@ def counter_deltas(before: dict, after: dict, prefix: str = "trtspec_") -> dict[
 
 def process_tree(pid: int) -> list[int]:
     """``pid`` and every descendant, from ``/proc/*/stat`` (Linux); empty when ``pid`` is gone."""
+    from trtspec.serving.stubs import descendants
+
     if not Path(f"/proc/{pid}").exists():
         return []
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) >= 2:
-            children[int(rest[1])].append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
+    return [pid, *descendants(pid)]
 
 
 def _kb_field(path: str, key: str) -> int | None:

@@ -65,8 +65,13 @@ def spec_decode_config(
     policy_file: str = "",
     manifest_file: str = "",
     instances: int = 1,
+    parameters: Mapping[str, Any] | None = None,
 ) -> dict:
-    """``spec_decode``'s model config, in the JSON form Triton hands to ``initialize``."""
+    """``spec_decode``'s model config, in the JSON form Triton hands to ``initialize``.
+
+    ``parameters``: further model parameters (reliability knobs such as ``draft_timeout_s``,
+    ``supervise``, ``max_queue``; see :mod:`trtspec.serving.triton.spec_decode`), values as strings.
+    """
     params = {
         "tokenizer_dir": tokenizer_dir,
         "target_model": TARGET,
@@ -81,6 +86,7 @@ def spec_decode_config(
         "warmup": _flag(warmup),
         "policy_file": policy_file,
         "manifest_file": manifest_file,
+        **_string_params(parameters),
     }
     return {
         "name": SPEC_DECODE,
@@ -107,8 +113,12 @@ def lm_config(
     num_threads: int = 0,
     warmup: bool = True,
     instances: int = 1,
+    parameters: Mapping[str, Any] | None = None,
 ) -> dict:
-    """``draft``/``target`` model config (the BLS protocol of ``protocol.LM_INPUTS``)."""
+    """``draft``/``target`` model config (the BLS protocol of ``protocol.LM_INPUTS``).
+
+    ``parameters``: further model parameters (the draft's fault injection, ``fault_*``;
+    see :mod:`trtspec.serving.triton.lm`), values as strings."""
     params = {
         "checkpoint": checkpoint,
         "precision": precision,
@@ -117,6 +127,7 @@ def lm_config(
         "max_sessions": str(max_sessions),
         "num_threads": str(num_threads),
         "warmup": _flag(warmup),
+        **_string_params(parameters),
     }
     return {
         "name": name,
@@ -178,6 +189,11 @@ def _flag(b: bool) -> str:
     return "true" if b else "false"
 
 
+def _string_params(parameters: Mapping[str, Any] | None) -> dict[str, str]:
+    """Parameter values as the strings ``config.pbtxt`` holds (booleans as true/false)."""
+    return {str(k): _flag(v) if isinstance(v, bool) else str(v) for k, v in (parameters or {}).items()}
+
+
 def checkpoint_facts(checkpoint: Path, max_context: int | None) -> tuple[Path, int, int]:
     """(resolved HF dir, vocab size, context window) of a checkpoint, from its config.json."""
     from trtspec.runtime.torch.loader import read_config, resolve_checkpoint
@@ -216,6 +232,9 @@ def write_model_repo(
     target_instances: int = 1,
     draft_instances: int = 1,
     check_tokenizers: bool = True,
+    spec_decode_parameters: Mapping[str, Any] | None = None,
+    target_parameters: Mapping[str, Any] | None = None,
+    draft_parameters: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``spec_decode/``, ``target/`` and (with a draft) ``draft/`` into ``repo_dir``; return it.
 
@@ -241,6 +260,10 @@ def write_model_repo(
             each instance has its own caches, so a sequence would re-prefill
             whenever it lands on another instance (correct, but slow).
         check_tokenizers: load both tokenizers and check the pair fits.
+        spec_decode_parameters, target_parameters, draft_parameters: further
+            model parameters per model (e.g. ``{"draft_timeout_s": 0.2}``,
+            the draft's ``{"fault_wrong_share": 0.5}``); the models refuse
+            keys they do not know at load.
 
     Raises:
         CheckpointError: a checkpoint or file is missing or unreadable.
@@ -275,6 +298,7 @@ def write_model_repo(
             apply_chat_template=apply_chat_template,
             warmup=warmup,
             instances=spec_decode_instances,
+            parameters=spec_decode_parameters,
             **extra,
         ),
         TARGET: lm_config(
@@ -287,6 +311,7 @@ def write_model_repo(
             num_threads=num_threads,
             warmup=warmup,
             instances=target_instances,
+            parameters=target_parameters,
         ),
     }
     if draft_dir is not None:
@@ -300,6 +325,7 @@ def write_model_repo(
             num_threads=num_threads,
             warmup=warmup,
             instances=draft_instances,
+            parameters=draft_parameters,
         )
     elif (repo / DRAFT / "1" / "model.py").is_file() and (repo / DRAFT / "1" / "model.py").read_text() == model_py(SHIMS[DRAFT]):
         shutil.rmtree(repo / DRAFT)  # ours, from an earlier run with a draft

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from trtspec import __version__
-from trtspec.cli import bench, build, demo, generate, models, monitoring, plan, policy, serve, trace
+from trtspec.cli import bench, build, demo, generate, models, monitoring, plan, policy, serve, status, trace
 
 app = typer.Typer(
     name="trtspec",
@@ -24,6 +24,7 @@ app.command("build")(build.build)
 app.command("serve")(serve.serve)
 app.command("bench")(bench.bench)
 app.command("plan")(plan.plan)
+app.command("status")(status.status)
 
 
 @app.command("version")

@@ -18,7 +18,12 @@ things to load Python-backend models (measured, see DESIGN.md):
 
 The server runs with ``--model-control-mode=explicit --load-model=*`` so that a
 dead model (Triton does not restart a Python stub) can be reloaded through
-the repository API. Ports given as 0 are picked free on ``host``. OpenMP
+the repository API. The server's environment carries ``TRTSPEC_STATUS_DIR``
+(``<work_dir>/status``), where the models write their status files
+(:mod:`trtspec.serving.statusfile`), and ``TRTSPEC_TRITON_URL`` (the server's
+own HTTP endpoint on loopback), through which ``spec_decode`` reloads a dead
+model: the repository API over HTTP, not ``pb_utils.load_model``, which holds
+up every BLS call of the calling stub while the load runs (measured: 3.6 s). Ports given as 0 are picked free on ``host``. OpenMP
 threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless set): the three
 models are processes taking turns on the same cores.
 """
@@ -42,10 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import TrtspecError
+from trtspec.serving import statusfile
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
+TRITON_URL_ENV = "TRTSPEC_TRITON_URL"  # the server's HTTP endpoint, for the models' reloads
 
 
 class ServerError(TrtspecError):
@@ -234,12 +241,15 @@ class TritonServer:
                 )
                 log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
                 self._log_handle = self.log_file.open("ab")
+                env = install.env()
+                env[statusfile.ENV] = str(self._fresh_status_dir())
+                env[TRITON_URL_ENV] = f"http://{self.endpoints.http}"
                 self._proc = subprocess.Popen(
                     self._command(install, repo, backend_dir, self.endpoints),
                     stdout=self._log_handle,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env=install.env(),
+                    env=env,
                     cwd=str(self.work_dir),
                     start_new_session=True,  # a Ctrl-C meant for us does not reach the server twice
                 )
@@ -254,6 +264,18 @@ class TritonServer:
         except BaseException:
             self.stop()  # never leave a server behind, whatever interrupted the start
             raise
+
+    @property
+    def status_dir(self) -> Path | None:
+        """Where the models write their status files (None before ``start``)."""
+        return self.work_dir / "status" if self.work_dir is not None else None
+
+    def _fresh_status_dir(self) -> Path:
+        d = self.status_dir
+        assert d is not None
+        shutil.rmtree(d, ignore_errors=True)  # no stale file of an earlier server may pass for this one's
+        d.mkdir(parents=True, exist_ok=True)
+        return d
 
     def _port_clash(self, since: int) -> bool:
         assert self.log_file is not None

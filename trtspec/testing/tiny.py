@@ -101,3 +101,19 @@ def make_tiny_llama(
                     p.normal_(0.0, config.initializer_range)
     model.save_pretrained(str(out))
     return out
+
+
+def pair_paths(pair: str, work: Path) -> tuple[Path, Path]:
+    """(target, draft) checkpoints of a named pair for scripts: ``demo`` (the cached demo pair,
+    prepared on first use) or ``tiny`` (made under ``work``: a draft that is the target plus 1% noise)."""
+    if pair == "demo":
+        import sys
+
+        from trtspec.runtime.demo import prepare_demo
+
+        p = prepare_demo(lambda m: print(f"[demo] {m}", file=sys.stderr))
+        return p.target, p.draft
+    if pair != "tiny":
+        raise ValueError(f"unknown pair {pair!r}; choose demo or tiny")
+    target = make_tiny_llama(work / "tiny" / "target", seed=0)
+    return target, make_tiny_llama(work / "tiny" / "draft", seed=1, base=target, noise=0.01)

@@ -8,6 +8,7 @@ stub, so the classes import it lazily and accept a stand-in
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -41,6 +42,28 @@ def param_int(params: dict[str, str], key: str, default: int) -> int:
         raise ValueError(f"model parameter {key!r} must be an integer, got {v!r}") from None
 
 
+def param_float(params: dict[str, str], key: str, default: float) -> float:
+    v = params.get(key, "")
+    if v == "":
+        return default
+    try:
+        f = float(v)
+    except ValueError:
+        raise ValueError(f"model parameter {key!r} must be a number, got {v!r}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"model parameter {key!r} must be finite, got {v!r}")
+    return f
+
+
+def check_parameter_keys(model: str, params: dict[str, str], allowed: tuple[str, ...]) -> None:
+    """Refuse parameter keys the model does not know (a typo must not be silently ignored)."""
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"model '{model}': unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
+        )
+
+
 def param_bool(params: dict[str, str], key: str, default: bool) -> bool:
     v = params.get(key, "").strip().lower()
     if v == "":
@@ -57,4 +80,13 @@ def error_code(pb: Any, name: str) -> Any:
     return getattr(pb.TritonError, name)
 
 
-__all__ = ["error_code", "load_pb_utils", "model_parameters", "param_bool", "param_int", "param_str"]
+__all__ = [
+    "check_parameter_keys",
+    "error_code",
+    "load_pb_utils",
+    "model_parameters",
+    "param_bool",
+    "param_float",
+    "param_int",
+    "param_str",
+]

@@ -12,6 +12,7 @@ logits are the same.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,18 @@ from trtspec.spec.types import Proposal, SamplingParams
 
 class BLSError(TrtspecError):
     """A call to the draft or target model failed (model down, unloaded, or it answered an error)."""
+
+
+class BLSTimeout(BLSError):
+    """A call to the draft or target model missed its deadline (it may still finish; its result is unused)."""
+
+
+class StubDeadError(BLSError):
+    """The model's Python stub is dead: Triton answers "Stub process '<m>_0_0' is not healthy."
+    (it does not restart the stub; see DESIGN.md). No probe is needed to know it must be reloaded."""
+
+
+_DEAD_STUB = re.compile(r"Stub process .* is not healthy")
 
 
 class BLSLanguageModel:
@@ -104,7 +117,9 @@ class BLSLanguageModel:
         except Exception as e:  # the stub raises when the model is missing or not ready
             raise BLSError(f"model '{self.model_name}' is unavailable: {_one_line(e)}") from e
         if response.has_error():
-            raise BLSError(f"model '{self.model_name}' failed: {_one_line(response.error().message())}")
+            message = _one_line(response.error().message())
+            error = StubDeadError if _DEAD_STUB.search(message) else BLSError
+            raise error(f"model '{self.model_name}' failed: {message}")
         arrays = []
         for name in outputs:
             out = pb.get_output_tensor_by_name(response, name)

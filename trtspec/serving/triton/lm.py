@@ -17,11 +17,29 @@ Model parameters (``config.pbtxt``, all strings):
 ``num_threads``     torch intra-op threads; 0 = torch's default (0)
 ``warmup``          run a dummy sequence at load (true)
 ==================  ==========================================================
+
+Fault injection (for chaos runs on real models; the draft only -- a faulty
+target would change outputs -- and logged loudly at load). Faults wrap the
+runtime with :mod:`trtspec.control.faults` after the warm-up:
+
+======================  ======================================================
+``fault_wrong_share``   share of drafted tokens replaced by a wrong one (0)
+``fault_fail_share``    share of forward passes that raise (0): the call fails
+``fault_delay_s``       delay added to a forward pass (0)
+``fault_delay_share``   share of forward passes delayed (1.0 when a delay is set)
+``fault_seed``          seed of the fault draws (0)
+======================  ======================================================
+
+Unknown parameter keys are refused at load (a typo must not pass silently).
+With ``TRTSPEC_STATUS_DIR`` set (the launcher sets it) the model writes
+``<dir>/<name>.json``: sessions held, cache bytes, store counters
+(:mod:`trtspec.serving.statusfile`).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 import traceback
 from typing import Any
@@ -29,9 +47,24 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import InvalidRequestError
+from trtspec.serving import statusfile
 from trtspec.serving.sessions import SessionStore
+from trtspec.serving.triton import (
+    check_parameter_keys,
+    error_code,
+    load_pb_utils,
+    model_parameters,
+    param_bool,
+    param_float,
+    param_int,
+    param_str,
+)
 from trtspec.spec.types import SamplingParams
-from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
+
+PARAMETERS = (
+    "checkpoint", "precision", "device", "max_context", "max_sessions", "num_threads", "warmup",
+    "fault_wrong_share", "fault_fail_share", "fault_delay_s", "fault_delay_share", "fault_seed",
+)
 
 
 class TritonPythonModel:
@@ -44,6 +77,10 @@ class TritonPythonModel:
         self.store: SessionStore | None = None
         self.loaded: Any = None
         self.warmup_s: float | None = None
+        self.faults: dict[str, float] = {}
+        self._status_path = None
+        self._status_written = 0.0
+        self._status_sessions = -1
 
     # -- Triton entry points -------------------------------------------------
 
@@ -56,6 +93,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.name = args.get("model_name") or config.get("name", "lm")
         params = model_parameters(config)
+        check_parameter_keys(self.name, params, PARAMETERS)
         checkpoint = param_str(params, "checkpoint")
         if not checkpoint:
             raise ValueError(f"model '{self.name}': parameter 'checkpoint' is required")
@@ -69,10 +107,17 @@ class TritonPythonModel:
             param_str(params, "device", "auto"),
             max_context=max_context or None,
         )
-        self.store = SessionStore(self.loaded.lm, param_int(params, "max_sessions", 64))
+        max_sessions = param_int(params, "max_sessions", 64)
+        self.store = SessionStore(self.loaded.lm, max_sessions)
         self._memory = _MemoryGauge(self.pb, self.name, self.loaded.weight_bytes)
         if param_bool(params, "warmup", True):
             self.warmup_s = self.warm_up()
+        faulty = self._with_faults(self.loaded.lm, params)  # after the warm-up: faults must not fail the load
+        if faulty is not self.loaded.lm:
+            self.store = SessionStore(faulty, max_sessions)
+            self.pb.Logger.log_warn(f"trtspec {self.name}: FAULT INJECTION ACTIVE {self.faults}")
+        self._status_path = statusfile.status_path(self.name)
+        self._write_status(force=True)
         self.pb.Logger.log_info(
             f"trtspec {self.name}: {self.loaded.path} ({self.loaded.impl}, {self.loaded.precision}) loaded in "
             f"{self.loaded.load_time_s:.2f}s; vocab {self.loaded.lm.vocab_size}, context {self.loaded.lm.max_context}, "
@@ -85,6 +130,7 @@ class TritonPythonModel:
         finally:
             if self.store is not None:
                 self._memory.update(self.store.cache_bytes())
+                self._write_status()
 
     def _execute(self, requests: list) -> list:
         responses = []
@@ -101,6 +147,61 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if self.store is not None:
             self.store.clear()
+            self._write_status(force=True)
+
+    # -- faults and status -------------------------------------------------------
+
+    def _with_faults(self, lm: Any, params: dict[str, str]) -> Any:
+        """``lm`` wrapped in the fault injectors the parameters ask for (``lm`` itself when none)."""
+        from trtspec.control.faults import UnreliableDraft, WrongTokenDraft
+
+        wrong = param_float(params, "fault_wrong_share", 0.0)
+        fail = param_float(params, "fault_fail_share", 0.0)
+        delay = param_float(params, "fault_delay_s", 0.0)
+        delay_share = param_float(params, "fault_delay_share", 1.0)
+        seed = param_int(params, "fault_seed", 0)
+        for key, v in (("fault_wrong_share", wrong), ("fault_fail_share", fail), ("fault_delay_share", delay_share)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"model '{self.name}': parameter {key!r} must be in [0, 1], got {v}")
+        if delay < 0:
+            raise ValueError(f"model '{self.name}': parameter 'fault_delay_s' must be >= 0, got {delay}")
+        if not (wrong or fail or delay):
+            return lm
+        if self.name == "target":
+            raise ValueError("model 'target': fault injection is for the draft only (it would change outputs)")
+        self.faults = {"wrong_share": wrong, "fail_share": fail, "delay_s": delay, "delay_share": delay_share, "seed": seed}
+        if wrong:
+            lm = WrongTokenDraft(lm, wrong, seed=seed)
+        if fail or delay:
+            rng = random.Random(seed + 1)
+
+            def sleep(seconds: float) -> None:  # a delayed share of the forward passes
+                if rng.random() < delay_share:
+                    time.sleep(seconds)
+
+            lm = UnreliableDraft(lm, delay_s=delay, fail_share=fail, seed=seed, sleep=sleep)
+        return lm
+
+    def _write_status(self, force: bool = False) -> None:
+        """``<status dir>/<name>.json`` when the session count changed or a second passed; never raises."""
+        if self._status_path is None or self.store is None:
+            return
+        n = len(self.store)
+        now = time.monotonic()
+        if not force and n == self._status_sessions and now - self._status_written < 1.0:
+            return
+        self._status_sessions, self._status_written = n, now
+        s = self.store.stats
+        statusfile.write_status(self._status_path, {
+            "model": self.name,
+            "sessions": n,
+            "max_sessions": self.store.max_sessions,
+            "cache_bytes": self.store.cache_bytes(),
+            "weight_bytes": self.loaded.weight_bytes if self.loaded is not None else None,
+            "store": {"calls": s.calls, "hits": s.hits, "misses": s.misses, "evictions": s.evictions,
+                      "releases": s.releases},
+            "faults": self.faults,
+        })
 
     # -- one request -------------------------------------------------------------
 

@@ -14,8 +14,10 @@ per request, also on error) carries the per-request counts.
 Errors map to Triton codes with one-line messages, never a traceback:
 a malformed request -> ``INVALID_ARG``; the client cancelled -> ``CANCELLED``
 (the loop checks the response sender's ``is_cancelled()`` every iteration); the target model
-failed -> ``UNAVAILABLE``; anything else -> ``INTERNAL`` (traceback in the
-server log). A failing draft is not an error: the loop goes on with the target.
+failed, is known down, or too many requests wait -> ``UNAVAILABLE``; anything else ->
+``INTERNAL`` (traceback in the server log). A failing or late draft is not an
+error: the loop goes on with the target. Supervision, deadlines and the status
+file: :mod:`trtspec.serving.triton.health` (docs/reliability.md).
 
 Model parameters (``config.pbtxt``, all strings):
 
@@ -35,6 +37,20 @@ Model parameters (``config.pbtxt``, all strings):
 ``manifest_file``        build manifest (informational)
 ``trace_file``           rejection trace (JSONL, rotated); empty: no trace
 ``trace_sample_rate``    share of rejections traced (0.01)
+``max_queue``            requests waiting for a worker before new ones are refused
+                         with ``UNAVAILABLE`` (64)
+``max_text_bytes``       largest ``text_input`` in bytes (0: 32 x ``target_max_context``, at least 64 KiB)
+``supervise``            reload a dead draft/target, probe it, resume (true)
+``draft_timeout_s``      fixed deadline of a draft call; 0: adaptive (0)
+``draft_timeout_floor_s``  adaptive deadline's floor (0.05)
+``draft_timeout_max_s``  adaptive deadline's ceiling, and its value before measurements (2.0)
+``draft_timeout_multiplier``  adaptive deadline = multiplier x p95 of recent draft calls (4.0)
+``draft_late_strikes``   late draft calls in a row that make the supervisor probe it (3; 0: never)
+``target_timeout_s``     deadline of a target call; 0: none (60)
+``probe_timeout_s``      deadline of a supervisor probe (30)
+``health_interval_s``    probe a model that answered nothing for this long; 0: never (5)
+``reload_backoff_initial_s``  wait before the 2nd reload attempt, doubling (1.0)
+``reload_backoff_max_s``  longest wait between reload attempts (60)
 =======================  =====================================================
 """
 
@@ -60,8 +76,19 @@ from trtspec.errors import InvalidRequestError
 from trtspec.obs import RejectionTracer, SpecMetrics, TokenTimer, TritonMetricSink
 from trtspec.protocol import SPEC_DECODE, Speculation
 from trtspec.serving.request import ServeRequest, parse_request
-from trtspec.serving.triton import error_code, load_pb_utils, model_parameters, param_bool, param_int, param_str
-from trtspec.serving.triton.bls import BLSError, BLSLanguageModel
+from trtspec.serving.supervisor import SupervisorConfig
+from trtspec.serving.triton import (
+    check_parameter_keys,
+    error_code,
+    load_pb_utils,
+    model_parameters,
+    param_bool,
+    param_float,
+    param_int,
+    param_str,
+)
+from trtspec.serving.triton.bls import BLSError, BLSLanguageModel, BLSTimeout
+from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
 from trtspec.spec import (
     FinishReason,
     FixedDraftLength,
@@ -70,6 +97,15 @@ from trtspec.spec import (
     GenerationResult,
     SpeculativeDecoder,
     StopCriteria,
+)
+
+PARAMETERS = (
+    "tokenizer_dir", "target_model", "draft_model", "vocab_size", "target_max_context", "draft_max_context",
+    "max_tokens_limit", "draft_length", "max_concurrency", "apply_chat_template", "warmup", "policy_file",
+    "manifest_file", "trace_file", "trace_sample_rate", "max_queue", "max_text_bytes", "supervise",
+    "draft_timeout_s", "draft_timeout_floor_s", "draft_timeout_max_s", "draft_timeout_multiplier",
+    "draft_late_strikes", "target_timeout_s", "probe_timeout_s", "health_interval_s",
+    "reload_backoff_initial_s", "reload_backoff_max_s",
 )
 
 
@@ -90,10 +126,45 @@ class SpecDecodeConfig:
     manifest_file: str = ""
     trace_file: str = ""
     trace_sample_rate: float = 0.01
+    max_queue: int = 64
+    max_text_bytes: int = 0  # 0: derived from target_max_context
+    supervise: bool = True
+    draft_timeout_s: float = 0.0
+    draft_timeout_floor_s: float = 0.05
+    draft_timeout_max_s: float = 2.0
+    draft_timeout_multiplier: float = 4.0
+    draft_late_strikes: int = 3
+    target_timeout_s: float = 60.0
+    probe_timeout_s: float = 30.0
+    health_interval_s: float = 5.0
+    reload_backoff_initial_s: float = 1.0
+    reload_backoff_max_s: float = 60.0
+
+    @property
+    def text_limit_bytes(self) -> int:
+        return self.max_text_bytes or max(64 * 1024, 32 * self.target_max_context)
+
+    def health_config(self) -> HealthConfig:
+        return HealthConfig(
+            supervise=self.supervise,
+            draft_timeout_s=self.draft_timeout_s,
+            draft_timeout_floor_s=self.draft_timeout_floor_s,
+            draft_timeout_max_s=self.draft_timeout_max_s,
+            draft_timeout_multiplier=self.draft_timeout_multiplier,
+            draft_late_strikes=self.draft_late_strikes,
+            target_timeout_s=self.target_timeout_s,
+            probe_timeout_s=self.probe_timeout_s,
+            supervisor=SupervisorConfig(
+                backoff_initial_s=self.reload_backoff_initial_s,
+                backoff_max_s=self.reload_backoff_max_s,
+                health_interval_s=self.health_interval_s,
+            ),
+        )
 
     @classmethod
     def from_model_config(cls, model_config: dict) -> SpecDecodeConfig:
         p = model_parameters(model_config)
+        check_parameter_keys(model_config.get("name") or SPEC_DECODE, p, PARAMETERS)
         missing = [k for k in ("tokenizer_dir", "vocab_size", "target_max_context") if not p.get(k)]
         if missing:
             raise ValueError(f"spec_decode: model parameter(s) {', '.join(missing)} required in config.pbtxt")
@@ -112,8 +183,23 @@ class SpecDecodeConfig:
             policy_file=param_str(p, "policy_file", ""),
             manifest_file=param_str(p, "manifest_file", ""),
             trace_file=param_str(p, "trace_file", ""),
-            trace_sample_rate=float(param_str(p, "trace_sample_rate", "0.01") or 0.01),
+            trace_sample_rate=param_float(p, "trace_sample_rate", 0.01),
+            max_queue=param_int(p, "max_queue", 64),
+            max_text_bytes=param_int(p, "max_text_bytes", 0),
+            supervise=param_bool(p, "supervise", True),
+            draft_timeout_s=param_float(p, "draft_timeout_s", 0.0),
+            draft_timeout_floor_s=param_float(p, "draft_timeout_floor_s", 0.05),
+            draft_timeout_max_s=param_float(p, "draft_timeout_max_s", 2.0),
+            draft_timeout_multiplier=param_float(p, "draft_timeout_multiplier", 4.0),
+            draft_late_strikes=param_int(p, "draft_late_strikes", 3),
+            target_timeout_s=param_float(p, "target_timeout_s", 60.0),
+            probe_timeout_s=param_float(p, "probe_timeout_s", 30.0),
+            health_interval_s=param_float(p, "health_interval_s", 5.0),
+            reload_backoff_initial_s=param_float(p, "reload_backoff_initial_s", 1.0),
+            reload_backoff_max_s=param_float(p, "reload_backoff_max_s", 60.0),
         )
+        if cfg.max_queue < 0 or cfg.max_text_bytes < 0 or cfg.probe_timeout_s <= 0:
+            raise ValueError("spec_decode: max_queue >= 0, max_text_bytes >= 0, probe_timeout_s > 0 required")
         if cfg.draft_model and cfg.draft_max_context <= 0:
             raise ValueError("spec_decode: draft_max_context is required with a draft_model")
         if cfg.draft_length < 0 or cfg.max_concurrency < 1 or cfg.max_tokens_limit < 1:
@@ -228,8 +314,11 @@ class TritonPythonModel:
         self.outcomes: Counter[str] = Counter()  # requests by outcome (also on the metrics port)
         self.warmup_s: float | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self.health: DeploymentHealth | None = None
         self._closing = False
         self._eos: frozenset[int] = frozenset()
+        self._in_flight = 0  # accepted requests not finished yet (queued for a worker or running)
+        self._in_flight_lock = threading.Lock()
 
     # -- Triton entry points -------------------------------------------------
 
@@ -243,18 +332,30 @@ class TritonPythonModel:
         cfg = self.config = SpecDecodeConfig.from_model_config(model_config)
         self.tokenizer = _LockedTokenizer(Tokenizer.from_dir(cfg.tokenizer_dir))
         self._eos = self.tokenizer.eos_token_ids()
-        target = BLSLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context)
-        draft = BLSLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context) if cfg.draft_model else None
-        self.decoder = SpeculativeDecoder(target, draft, detokenizer=self.tokenizer)
-        self.target_only = SpeculativeDecoder(target, None, detokenizer=self.tokenizer)
+        name = args.get("model_name") or SPEC_DECODE
         tracer = (
             RejectionTracer(cfg.trace_file, cfg.trace_sample_rate, detokenizer=self.tokenizer) if cfg.trace_file else None
         )
-        self.metrics = SpecMetrics(TritonMetricSink(pb), model=args.get("model_name") or SPEC_DECODE, tracer=tracer)
+        self.metrics = SpecMetrics(TritonMetricSink(pb), model=name, tracer=tracer)
         self.governor = load_governor(cfg, [self.metrics])
+        # Every BLS call runs on a pool under a deadline: a worker's calls, a late call
+        # left to finish, a draft release, a probe.
+        health = self.health = DeploymentHealth(
+            pb, cfg.health_config(), self.governor, model_name=name,
+            pool_size=2 * cfg.max_concurrency + 2, extra_status=self._request_status,
+        )
+        target = health.guard_target(BLSLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context))
+        draft = (
+            health.guard_draft(BLSLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context))
+            if cfg.draft_model
+            else None
+        )
+        self.decoder = SpeculativeDecoder(target, draft, detokenizer=self.tokenizer)
+        self.target_only = SpeculativeDecoder(target, None, detokenizer=self.tokenizer)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_concurrency, thread_name_prefix="spec_decode")
         if cfg.warmup:
             self.warmup_s = self.warm_up()
+        health.start()
         pb.Logger.log_info(
             f"trtspec spec_decode: target '{cfg.target_model}', draft '{cfg.draft_model or '-'}', "
             f"policy {cfg.policy_file or 'built-in'} ({self.governor.policy.draft_length.controller.value}, "
@@ -272,6 +373,7 @@ class TritonPythonModel:
                     _lookup(request),
                     max_tokens_limit=self.config.max_tokens_limit,
                     request_id=request.request_id(),
+                    max_text_bytes=self.config.text_limit_bytes,
                 )
             except InvalidRequestError as e:
                 reply.send_error(str(e), "INVALID_ARG")
@@ -282,11 +384,23 @@ class TritonPythonModel:
                 reply.send_error(f"internal error: {type(e).__name__}", "INTERNAL")
                 self._observe("error", None)
                 continue
+            # Load shedding: beyond max_concurrency running and max_queue waiting, refuse at once
+            # with a clear error rather than let the client time out.
+            limit = self.config.max_concurrency + self.config.max_queue
+            with self._in_flight_lock:
+                busy = self._in_flight >= limit
+                if not busy:
+                    self._in_flight += 1
+            if busy:
+                reply.send_error(f"server busy: {limit} requests in flight; unavailable, retry later", "UNAVAILABLE")
+                self._observe("unavailable", None)
+                continue
             # The worker gets the sender only, not the request: inputs are read here,
             # while the request is certainly alive.
             try:
                 self._pool.submit(self._serve, reply, sreq)
             except RuntimeError:  # the pool is shut down: the model is being unloaded
+                self._done_in_flight()
                 reply.send_error("the server is shutting down", "UNAVAILABLE")
                 self._observe("unavailable", None)
         return None
@@ -295,6 +409,16 @@ class TritonPythonModel:
         self._closing = True  # running loops stop at their next iteration
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self.health is not None:
+            self.health.stop()
+
+    def _done_in_flight(self) -> None:
+        with self._in_flight_lock:
+            self._in_flight -= 1
+
+    def _request_status(self) -> dict:
+        """The request side of the status file."""
+        return {"requests": {"in_flight": self._in_flight, "outcomes": dict(self.outcomes)}}
 
     # -- one request, on a worker thread -------------------------------------
 
@@ -311,6 +435,11 @@ class TritonPythonModel:
             if self._closing:
                 outcome = "unavailable"
                 reply.send_error("the server is shutting down", "UNAVAILABLE")
+                return
+            refusal = self.health.target_refusal() if self.health is not None else None
+            if refusal is not None:  # the target is known down: fail fast, never hang
+                outcome = "unavailable"
+                reply.send_error(refusal, "UNAVAILABLE")
                 return
             prompt = self.tokenizer.encode_prompt(sreq.text, raw=not self.config.apply_chat_template)
             gen_request = GenerationRequest(
@@ -334,8 +463,9 @@ class TritonPythonModel:
                     reply.send_text(chunk.text)
             result = gen.result
             if result.stats.draft_errors:
+                what = "was late" if isinstance(gen.draft_error, BLSTimeout) else "failed"
                 pb.Logger.log_warn(
-                    f"trtspec spec_decode request {sreq.request_id!r}: draft failed "
+                    f"trtspec spec_decode request {sreq.request_id!r}: draft {what} "
                     f"({_one_line(gen.draft_error)}); finished on the target alone"
                 )
             if result.finish_reason is FinishReason.CANCELLED:
@@ -362,6 +492,7 @@ class TritonPythonModel:
                 pb.Logger.log_error(f"trtspec spec_decode request {sreq.request_id!r}: {traceback.format_exc()}")
                 reply.send_error(f"internal error: {type(e).__name__}: {_one_line(e)}", "INTERNAL")
         finally:
+            self._done_in_flight()
             self._finish(outcome, control, gen, timer)
 
     def _final_outputs(self, text: str, result: GenerationResult, num_input_tokens: int) -> list:
@@ -480,7 +611,9 @@ def _lookup(request: Any) -> Any:
             raw = request.parameters()
             try:
                 params = json.loads(raw) if isinstance(raw, str) and raw else (raw if isinstance(raw, dict) else {})
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
+                params = {}
+            if not isinstance(params, dict):
                 params = {}
         return params.get(name)
 

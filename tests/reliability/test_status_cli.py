@@ -1,0 +1,72 @@
+"""The truthful status: the endpoint ``trtspec serve`` exposes and ``trtspec status`` prints."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import typer
+from typer.testing import CliRunner
+
+from trtspec.cli.status import status
+from trtspec.serving.launcher import free_port
+from trtspec.serving.status import StatusServer
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("status")(status)
+
+    @app.command("noop")
+    def _noop() -> None:  # keeps "status" a subcommand, as in the real CLI
+        pass
+
+    return app
+
+
+def test_status_of_a_healthy_deployment(triton):
+    server = StatusServer(triton.endpoints.http, triton.status_dir).start()
+    try:
+        host, port = server.address
+        result = CliRunner().invoke(_app(), ["status", "--url", f"{host}:{port}", "--json"])
+        assert result.exit_code == 0, result.output
+        st = json.loads(result.stdout)
+        assert st["ready"] and st["server"] == {"live": True, "ready": True}
+        for m in ("spec_decode", "target", "draft"):
+            assert st["models"][m]["answers"] and st["models"][m]["triton_ready"], m
+        assert st["models"]["draft"]["supervisor"]["state"] == "healthy"
+        assert st["breaker"]["state"] == "closed" and st["speculation"] == "on"
+        text = CliRunner().invoke(_app(), ["status", "--url", f"{host}:{port}"])
+        assert text.exit_code == 0
+        lines = text.stdout.splitlines()
+        assert lines[0].split() == ["ready", "yes"]
+        assert any(line.startswith("draft") and "answers" in line for line in lines)
+        assert any(line.startswith("speculation") and " on " in line for line in lines)
+        ready = urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=30)
+        assert ready.status == 200 and json.loads(ready.read())["ready"]
+    finally:
+        server.stop()
+
+
+def test_status_of_a_server_that_is_gone_is_not_ready(tmp_path):
+    dead = f"127.0.0.1:{free_port()}"  # no Triton there
+    server = StatusServer(dead, tmp_path).start()
+    try:
+        host, port = server.address
+        result = CliRunner().invoke(_app(), ["status", "--url", f"{host}:{port}"])
+        assert result.exit_code == 2, result.output
+        assert result.stdout.splitlines()[0].split() == ["ready", "NO"]
+        try:
+            urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=30)
+            raise AssertionError("/ready answered 200 for a dead server")
+        except urllib.error.HTTPError as e:
+            assert e.code == 503
+    finally:
+        server.stop()
+
+
+def test_status_without_a_status_endpoint_is_one_error_line():
+    result = CliRunner().invoke(_app(), ["status", "--url", f"127.0.0.1:{free_port()}", "--timeout", "5"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: cannot reach the status endpoint") and result.stderr.count("\n") == 1

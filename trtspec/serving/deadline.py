@@ -1,0 +1,95 @@
+"""Per-call deadlines for the draft, derived from the measured call times.
+
+A draft is an optimisation: a proposal that comes later than the target
+could have produced the tokens itself is worth nothing, and waiting for it
+turns draft jitter into request latency. :class:`AdaptiveDeadline` keeps the
+durations of the last ``window`` draft calls that made their deadline and
+gives each new call::
+
+    deadline = clamp(multiplier * p95(recent call times), floor_s, max_s)
+
+``max_s`` until ``min_samples`` calls were measured; a fixed deadline
+(``fixed_s > 0``) ignores the measurements. Late calls are NOT measured: the
+deadline stays anchored to the draft's healthy behaviour, so a draft that
+turns slow keeps missing it (and the breaker learns of it) instead of the
+deadline drifting up to whatever the draft now takes. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+
+
+class AdaptiveDeadline:
+    def __init__(
+        self,
+        *,
+        fixed_s: float = 0.0,
+        floor_s: float = 0.05,
+        max_s: float = 2.0,
+        multiplier: float = 4.0,
+        window: int = 256,
+        min_samples: int = 16,
+    ) -> None:
+        if fixed_s < 0 or floor_s < 0 or max_s <= 0 or floor_s > max_s:
+            raise ValueError("deadline: need fixed_s >= 0 and 0 <= floor_s <= max_s, max_s > 0")
+        if multiplier < 1 or window < 1 or min_samples < 1:
+            raise ValueError("deadline: need multiplier >= 1, window >= 1, min_samples >= 1")
+        self.fixed_s = fixed_s
+        self.floor_s = floor_s
+        self.max_s = max_s
+        self.multiplier = multiplier
+        self.min_samples = min_samples
+        self._times: deque[float] = deque(maxlen=window)
+        self._lock = threading.Lock()
+        self._p95: float | None = None
+        self._dirty = False
+        self.on_time = 0  # calls measured
+        self.late = 0  # calls that missed their deadline
+
+    def observe(self, seconds: float) -> None:
+        """A call that made its deadline took ``seconds``."""
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        with self._lock:
+            self._times.append(seconds)
+            self.on_time += 1
+            self._dirty = True
+
+    def observe_late(self) -> None:
+        with self._lock:
+            self.late += 1
+
+    def p95_s(self) -> float | None:
+        with self._lock:
+            return self._p95_locked()
+
+    def _p95_locked(self) -> float | None:
+        if len(self._times) < self.min_samples:
+            return None
+        if self._dirty or self._p95 is None:
+            ordered = sorted(self._times)
+            self._p95 = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+            self._dirty = False
+        return self._p95
+
+    def deadline_s(self) -> float:
+        """The deadline for the next call, in seconds."""
+        if self.fixed_s > 0:
+            return self.fixed_s
+        with self._lock:
+            p95 = self._p95_locked()
+        if p95 is None:
+            return self.max_s
+        return min(self.max_s, max(self.floor_s, self.multiplier * p95))
+
+    def snapshot(self) -> dict:
+        return {
+            "deadline_s": self.deadline_s(),
+            "fixed": self.fixed_s > 0,
+            "p95_s": self.p95_s(),
+            "on_time": self.on_time,
+            "late": self.late,
+        }

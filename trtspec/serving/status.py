@@ -1,0 +1,294 @@
+"""Readiness that tells the truth: does each model actually answer, and is speculation on?
+
+Triton's ``/v2/models/<m>/ready`` keeps saying 200 for a model whose stub is
+dead (DESIGN.md), so :func:`collect_status` asks each model for real:
+
+- ``draft`` / ``target``: a two-token forward on a throw-away session, then
+  its release, over Triton's HTTP ``infer`` (no logits sent back);
+- ``spec_decode``: a one-token ``generate`` with speculation off;
+
+all at once, each bounded by ``timeout_s``. Beside the answers it reads the
+status files the models write (:mod:`trtspec.serving.statusfile`):
+``spec_decode``'s control state (supervisor state of draft and target,
+reloads, breaker, whether new requests speculate) and each model's KV-cache
+session count. ``ready`` is true when ``spec_decode`` and ``target`` answer.
+
+:class:`StatusServer` serves it over HTTP for ``trtspec serve``:
+``GET /status`` (always 200, the JSON) and ``GET /ready`` (200 when ready,
+else 503, same JSON). ``trtspec status --url HOST:PORT`` reads ``/status``
+(:func:`fetch_status`) and prints :func:`format_status`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import TrtspecError
+from trtspec.protocol import DRAFT, SPEC_DECODE, TARGET
+from trtspec.serving import statusfile
+
+STALE_AFTER_S = 10.0  # a spec_decode status file older than this is stale (its writer is stuck or dead)
+
+
+class StatusError(TrtspecError):
+    """The status endpoint could not be reached or answered nonsense."""
+
+
+def _http(url: str, body: dict | None, timeout_s: float) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw) if raw else None
+        except ValueError:
+            return e.code, {"error": raw.decode(errors="replace")}
+
+
+def _error_text(e: BaseException | Any) -> str:
+    if isinstance(e, dict):
+        text = str(e.get("error", e))
+    elif isinstance(e, urllib.error.URLError):
+        text = str(e.reason)
+    else:
+        text = str(e) or type(e).__name__
+    text = text.strip()
+    return text.splitlines()[0] if text else "unknown error"
+
+
+def _timed(fn: Any) -> dict:
+    t0 = time.perf_counter()
+    try:
+        err = fn()
+    except Exception as e:  # unreachable, timeout, ...
+        err = _error_text(e)
+    ms = (time.perf_counter() - t0) * 1000
+    return {"answers": err is None, "latency_ms": round(ms, 1), "error": err}
+
+
+def probe_lm(http: str, model: str, timeout_s: float = 5.0) -> dict:
+    """Ask ``model`` (the draft/target protocol) for a real forward pass; ``{answers, latency_ms, error}``."""
+    sid = f"__trtspec_status__:{uuid.uuid4().hex[:12]}"
+
+    def tensors(token_ids: list[int], release: bool) -> dict:
+        inputs = [
+            {"name": "session_id", "shape": [1], "datatype": "BYTES", "data": [sid]},
+            {"name": "token_ids", "shape": [len(token_ids)], "datatype": "INT64", "data": token_ids},
+            {"name": "num_logits", "shape": [1], "datatype": "INT32", "data": [0]},
+        ]
+        if release:
+            inputs.append({"name": "release", "shape": [1], "datatype": "BOOL", "data": [True]})
+        return {"inputs": inputs, "outputs": [{"name": "draft_ids"}]}
+
+    def run() -> str | None:
+        url = f"http://{http}/v2/models/{model}/infer"
+        code, body = _http(url, tensors([1, 2], False), timeout_s)
+        if code != 200:
+            return _error_text(body or f"HTTP {code}")
+        _http(url, tensors([], True), timeout_s)  # best effort: LRU eviction frees it otherwise
+        return None
+
+    return _timed(run)
+
+
+def probe_spec_decode(http: str, model: str = SPEC_DECODE, timeout_s: float = 5.0) -> dict:
+    """One token through ``spec_decode`` (speculation off: the draft's health is reported separately)."""
+
+    def run() -> str | None:
+        body = {"text_input": "ping", "max_tokens": 1, "speculation": "off"}
+        code, out = _http(f"http://{http}/v2/models/{model}/generate", body, timeout_s)
+        return None if code == 200 else _error_text(out or f"HTTP {code}")
+
+    return _timed(run)
+
+
+def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0) -> dict:
+    """The whole picture; see the module docstring. ``http``: Triton's HTTP ``HOST:PORT``."""
+    base = f"http://{http}"
+
+    def ok(path: str) -> bool:
+        try:
+            return _http(base + path, None, 2.0)[0] == 200
+        except Exception:
+            return False
+
+    live = ok("/v2/health/live")
+    index: dict[str, str] = {}
+    if live:
+        try:
+            code, body = _http(base + "/v2/repository/index", {}, 2.0)
+            if code == 200 and isinstance(body, list):
+                index = {m["name"]: m.get("state", "") for m in body if isinstance(m, dict) and "name" in m}
+        except Exception:
+            pass
+    names = [m for m in (SPEC_DECODE, TARGET, DRAFT) if m in index] or (
+        [SPEC_DECODE, TARGET, DRAFT] if not index else []
+    )
+    with ThreadPoolExecutor(max(1, len(names))) as pool:
+        futures = {
+            m: pool.submit(probe_spec_decode if m == SPEC_DECODE else probe_lm, http, m, timeout_s) for m in names
+        }
+        answers = {m: f.result() for m, f in futures.items()}
+    control = statusfile.read_status(status_dir / f"{SPEC_DECODE}.json") if status_dir is not None else None
+    stale = control is None or control.get("age_s", 0.0) > STALE_AFTER_S
+    models: dict[str, dict] = {}
+    for m in names:
+        entry: dict = {"triton_state": index.get(m), "triton_ready": ok(f"/v2/models/{m}/ready"), **answers[m]}
+        if m in (TARGET, DRAFT):
+            entry["supervisor"] = (control or {}).get(m)
+            own = statusfile.read_status(status_dir / f"{m}.json") if status_dir is not None else None
+            entry["sessions"] = own.get("sessions") if own else None
+            entry["faults"] = (own or {}).get("faults") or None
+        models[m] = entry
+    sd, tg = models.get(SPEC_DECODE, {}), models.get(TARGET, {})
+    if control is None:
+        speculation, why = "unknown", "no status from spec_decode"
+    elif stale:
+        speculation, why = "unknown", f"spec_decode's status is {control.get('age_s', 0):.0f}s old"
+    else:
+        speculation, why = control.get("speculation", "unknown"), control.get("speculation_reason", "")
+    if speculation != "off" and DRAFT in models and not models[DRAFT]["answers"]:
+        why = f"{why}; but the draft does not answer now"
+    return {
+        "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ready": bool(sd.get("answers")) and bool(tg.get("answers")),
+        "speculation": speculation,
+        "speculation_reason": why,
+        "server": {"live": live, "ready": ok("/v2/health/ready") if live else False},
+        "models": models,
+        "breaker": (control or {}).get("breaker"),
+        "requests": (control or {}).get("requests"),
+        "control_age_s": None if control is None else round(control.get("age_s", 0.0), 1),
+    }
+
+
+class StatusServer:
+    """``GET /status`` and ``GET /ready`` on ``host:port`` (0: a free port), on a daemon thread."""
+
+    def __init__(self, triton_http: str, status_dir: Path | None, host: str = "127.0.0.1", port: int = 0,
+                 timeout_s: float = 5.0) -> None:
+        self.triton_http = triton_http
+        self.status_dir = status_dir
+        self.timeout_s = timeout_s
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if path not in ("/status", "/ready"):
+                    self._send(404, {"error": f"no such endpoint {path!r}; try /status or /ready"})
+                    return
+                st = collect_status(outer.triton_http, outer.status_dir, timeout_s=outer.timeout_s)
+                self._send(200 if path == "/status" or st["ready"] else 503, st)
+
+            def _send(self, code: int, body: dict) -> None:
+                data = json.dumps(body, default=str).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:  # quiet: the serve command's stderr is for its own lines
+                pass
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="trtspec-status-http", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        return f"http://{host}:{port}/status"
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def fetch_status(url: str, timeout_s: float = 30.0) -> dict:
+    """``GET /status`` of a ``trtspec serve`` status endpoint (``HOST:PORT`` or a full URL)."""
+    full = url if "://" in url else f"http://{url}"
+    if not full.rstrip("/").endswith(("/status", "/ready")):
+        full = full.rstrip("/") + "/status"
+    try:
+        code, body = _http(full, None, timeout_s)
+    except (urllib.error.URLError, OSError) as e:
+        raise StatusError(f"cannot reach the status endpoint {full}: {_error_text(e)}") from None
+    if not isinstance(body, dict) or "ready" not in body:
+        raise StatusError(f"{full} answered HTTP {code} without a trtspec status")
+    return body
+
+
+def format_status(st: dict) -> list[str]:
+    """Human lines, one per subject."""
+
+    def model_line(name: str, m: dict) -> str:
+        said = "ready" if m.get("triton_ready") else "not ready"
+        if m.get("answers"):
+            head = f"answers ({m.get('latency_ms', 0):.0f} ms)"
+        else:
+            head = f"DOES NOT ANSWER: {m.get('error')}"
+        parts = [head, f"Triton says {said}"]
+        sup = m.get("supervisor")
+        if sup:
+            s = f"supervisor {sup.get('state')}"
+            if sup.get("state") != "healthy" and sup.get("last_error"):
+                s += f" ({sup['last_error']})"
+            if sup.get("next_attempt_in_s") is not None:
+                s += f", next attempt in {sup['next_attempt_in_s']:.0f}s"
+            if sup.get("reloads"):
+                s += f", {sup['reloads']} reload(s)"
+            last = sup.get("last_outage")
+            if last and last.get("downtime_s") is not None:
+                s += f", last outage {last['downtime_s']:.1f}s"
+            parts.append(s)
+        if m.get("sessions") is not None:
+            parts.append(f"{m['sessions']} session(s)")
+        if m.get("faults"):
+            parts.append(f"FAULTS {m['faults']}")
+        return f"{name:<12} " + "; ".join(parts)
+
+    lines = [f"{'ready':<12} {'yes' if st.get('ready') else 'NO'}"]
+    server = st.get("server", {})
+    lines.append(f"{'server':<12} {'live' if server.get('live') else 'NOT LIVE'}, "
+                 f"{'ready' if server.get('ready') else 'not ready'}")
+    for name, m in st.get("models", {}).items():
+        lines.append(model_line(name, m))
+    b = st.get("breaker")
+    if b:
+        rate = b.get("rejection_rate")
+        rate_s = "n/a" if rate is None else f"{rate:.1%}"
+        lines.append(f"{'breaker':<12} {b.get('state')} (rejection rate {rate_s} over {b.get('window_drafted', 0)} drafted tokens)")
+    else:
+        lines.append(f"{'breaker':<12} unknown")
+    lines.append(f"{'speculation':<12} {st.get('speculation')} ({st.get('speculation_reason')})")
+    req = st.get("requests")
+    if req:
+        lines.append(f"{'requests':<12} {req.get('in_flight', 0)} in flight; outcomes {req.get('outcomes', {})}")
+    return lines

@@ -1,0 +1,76 @@
+"""The Python-backend stub processes of a running server, from ``/proc`` (Linux).
+
+Triton starts one ``triton_python_backend_stub`` process per model instance;
+its command line names the model's ``model.py`` (``<repo>/<model>/<version>/model.py``).
+Chaos runs and tests find a model's stub here and ``kill -9`` it, which is
+what a crashed stub looks like to Triton.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+STUB_NAME = "triton_python_backend_stub"
+
+
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()  # "pid (comm) state ppid ..."
+        if len(rest) >= 2:
+            children[int(rest[1])].append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s descendants (not ``pid`` itself)."""
+    children = _children()
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def stub_pids(server_pid: int) -> dict[str, list[int]]:
+    """Model name -> PIDs of the stubs under ``server_pid`` serving it."""
+    found: dict[str, list[int]] = defaultdict(list)
+    for pid in descendants(server_pid):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith(STUB_NAME.encode()) or len(argv) < 2:
+            continue
+        model_py = Path(argv[1].decode(errors="replace"))
+        if model_py.name == "model.py" and len(model_py.parts) >= 3:
+            found[model_py.parent.parent.name].append(pid)
+    return dict(found)
+
+
+def kill_stub(server_pid: int, model: str) -> int:
+    """``kill -9`` the (first) stub serving ``model``; its PID. Raises LookupError when there is none."""
+    pids = stub_pids(server_pid).get(model)
+    if not pids:
+        raise LookupError(f"no stub process for model {model!r} under server pid {server_pid}")
+    os.kill(pids[0], signal.SIGKILL)
+    return pids[0]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rfind(")") + 2 :].split()[0] != "Z"
