@@ -223,11 +223,26 @@ class DeploymentHealth:
     # -- running -----------------------------------------------------------------------
 
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        url = os.environ.get(TRITON_URL_ENV, "").rstrip("/")
+        if url and self._threads:
+            threading.Thread(target=self._supervise_when_ready, args=(url,), name="trtspec-supervise", daemon=True).start()
+        else:
+            for t in self._threads:
+                t.start()
         if self._status_path is not None:
             self._status_thread = threading.Thread(target=self._status_loop, name="trtspec-status", daemon=True)
             self._status_thread.start()
+
+    def _supervise_when_ready(self, url: str) -> None:
+        """Start the supervisors once the server says it is ready. Until then Triton answers every
+        call, probes included, with "Server not ready", and its HTTP endpoint (the reloads) is not up:
+        supervising earlier condemned healthy models and kept refusing requests after startup
+        (seen with a slow-loading target)."""
+        while not self._stop.is_set() and not _server_ready(url):
+            self._stop.wait(0.2)
+        if not self._stop.is_set():
+            for t in self._threads:
+                t.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -366,6 +381,14 @@ class _TargetHooks:
     def on_error(self, k: int, error: BaseException, started_at: float) -> None:
         if isinstance(error, BLSError):
             self.sup.report_error(_one_line(error), fatal=isinstance(error, StubDeadError), started_at=started_at)
+
+
+def _server_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _reload_over_http(url: str, name: str, stop: threading.Event) -> None:
