@@ -18,8 +18,9 @@ def rec(i, arm, sent, ttft, e2e, tokens, drafted=0, accepted=0, chunks=None, err
 def records():
     return [
         # auto: 2 answered (10 tokens each), 1 timeout
-        rec(0, "auto", 0.0, 0.1, 1.0, 10, drafted=10, accepted=8, chunks=[(0.1, 5), (0.55, 20), (1.0, 20)]),
-        rec(1, "auto", 1.0, 0.2, 2.0, 10, drafted=10, accepted=6, chunks=[(0.2, 5), (1.1, 20), (2.0, 20)]),
+        # (the first chunk of a request is the prefill's one token, no draft)
+        rec(0, "auto", 0.0, 0.1, 1.0, 10, drafted=10, accepted=8, chunks=[(0.1, 1), (0.55, 20), (1.0, 20)]),
+        rec(1, "auto", 1.0, 0.2, 2.0, 10, drafted=10, accepted=6, chunks=[(0.2, 1), (1.1, 20), (2.0, 20)]),
         rec(2, "auto", 2.0, 0, 3.0, 10, error="no final response within 3s", cat="timeout"),
         # off: 2 answered, 1 refused
         rec(3, "off", 0.5, 0.05, 2.0, 10),
@@ -39,7 +40,7 @@ def test_accounting_and_per_arm_figures() -> None:
     auto, off = s["by_arm"]["auto"], s["by_arm"]["off"]
     assert (auto["sent"], auto["answered"], auto["errors"]) == (3, 2, 1)
     assert auto["acceptance_rate"] == pytest.approx(14 / 20)
-    assert auto["k_estimate"] == 4  # per request ceil(10 / 3) = 4
+    assert auto["k_estimate"] == 5  # per request ceil(10 drafted / (3 chunks - the prefill's)) = 5
     assert off["acceptance_rate"] is None and off["speculated_share"] == 0.0
     assert auto["ttft_ms"]["p50"] == pytest.approx(150.0)  # 100 and 200
     assert auto["e2e_ms"]["p50"] == pytest.approx(1500.0)
@@ -65,12 +66,13 @@ def test_unaccounted_requests_are_caught() -> None:
 
 
 def test_acceptance_by_position() -> None:
-    # k = ceil(10 drafted / 3 chunks) = 4. Chunk tokens (last chunk of each left out):
-    # req 0: [5, 20, 20] chars, 10 tokens: 7 extra shared 4 : 19 : 19 -> 0.67, 3.17, 3.17 -> 1, 3, 3
-    # -> tokens [2, 4, 4] -> accepted 1, 3; req 1 the same. Position 1: 4/4, 2: 2/4, 3: 2/4.
+    # k = ceil(10 drafted / 2 drafting chunks) = 5. Chunk tokens: req 0: [1, 20, 20] chars,
+    # 10 tokens: 7 extra shared 0 : 19 : 19 -> 0, 3.5, 3.5 -> 0, 4, 3 (largest remainder, first
+    # wins the tie) -> tokens [1, 5, 4]; first (prefill) and last chunk left out -> accepted 4;
+    # req 1 the same. Positions 1-4: 2/2, 5: 0/2.
     est = acceptance_by_position_estimate(records())
-    assert est["iterations"] == 4
-    assert est["by_position"] == {"1": 1.0, "2": 0.5, "3": 0.5, "4": 0.0}
+    assert est["iterations"] == 2
+    assert est["by_position"] == {"1": 1.0, "2": 1.0, "3": 1.0, "4": 1.0, "5": 0.0}
     deltas = {
         "trtspec_drafted_tokens_by_position_total": {"position=1": 10.0, "position=2": 8.0, "position=16+": 0.0},
         "trtspec_accepted_tokens_by_position_total": {"position=1": 9.0, "position=2": 6.0},

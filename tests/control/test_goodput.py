@@ -35,8 +35,11 @@ def run_request(
     config: GoodputConfig | None = None,
     k_max: int = 8,
 ) -> list[int]:
-    """One request of ``iterations`` iterations; ``accept(k)`` says how many of k drafts are accepted."""
+    """One request of ``iterations`` iterations after its prefill, in the loop's order: the
+    prefill (k = 0, never asked for, observed, slow: the whole prompt), then next_k/observe;
+    ``accept(k)`` says how many of k drafts are accepted."""
     c = GoodputController(model, k_max, config or model.config)
+    c.observe(outcome(0, 0, v=lambda _k: 20 * V0))
     ks = []
     for _ in range(iterations):
         k = c.next_k()

@@ -107,8 +107,8 @@ def test_fallback_in_the_real_loop(tiny_pair: ModelPair) -> None:
         rec = Recorder(control)
         dec.generate(req, rec)
     ks = [o.k for o in rec.outcomes]
-    # 3 drafts of 5, all rejected; then 6 tokens on the target alone; then it tries again
-    assert ks[:10] == [5, 5, 5, 0, 0, 0, 0, 0, 0, 5]
+    # the prefill's token; 3 drafts of 5, all rejected; then 6 tokens on the target alone; then it tries again
+    assert ks[:11] == [0, 5, 5, 5, 0, 0, 0, 0, 0, 0, 5]
     assert all(o.accepted == 0 for o in rec.outcomes)
     assert gov.snapshot().fallbacks_total >= 2
     assert gov.rollout.status().fallback_requests == 1

@@ -111,11 +111,12 @@ def _record(i: int, arm: str, input_tokens: int, drafted: int, accepted: int, ch
 
 
 def _bench(rate: float, speedup: float) -> BenchResult:
-    # auto: 25 chunks each, 100 drafted per request -> k = 200 / 50 = 4; one iteration every 30 ms
+    # auto: 26 chunks each (the prefill's token, then 25 drafting iterations), 100 drafted per
+    # request -> k = 100 / 25 = 4; one iteration every 30 ms
     # off: one token per chunk every 10 ms -> c = (30 / 10 - 1) / 4 = 0.5
     records = [
-        _record(0, "auto", 40, 100, 60, 25, 0.030, 85),   # bucket 33-64: 60 / 100
-        _record(1, "auto", 100, 100, 90, 25, 0.030, 115),  # bucket 65-128: 90 / 100
+        _record(0, "auto", 40, 100, 60, 26, 0.030, 85),   # bucket 33-64: 60 / 100
+        _record(1, "auto", 100, 100, 90, 26, 0.030, 115),  # bucket 65-128: 90 / 100
         _record(2, "off", 40, 0, 0, 50, 0.010, 50),
         _record(3, "off", 100, 0, 0, 50, 0.010, 50),
     ]

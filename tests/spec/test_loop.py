@@ -46,16 +46,30 @@ def test_perfect_draft_is_fully_accepted_and_verify_is_one_pass():
     target = BigramLM.cycle(V)
     draft = BigramLM.cycle(V)
     k = 4
-    out = SpeculativeDecoder(target, draft).generate(req(max_new=20), FixedDraftLength(k))
-    assert out.token_ids == [(1 + i) % V for i in range(20)]
+    out = SpeculativeDecoder(target, draft).generate(req(max_new=21), FixedDraftLength(k))
+    assert out.token_ids == [(1 + i) % V for i in range(21)]
     s = out.stats
     assert s.acceptance_rate == 1.0
-    # 20 tokens at k+1 = 5 per iteration: 4 iterations, each ONE target forward.
-    assert s.iterations == 4
-    assert len(target.log.forwards) == 4
-    assert [n for _, n in target.log.forwards] == [k + 1] * 4
-    assert s.bonus_tokens == 4 and s.emitted_tokens == 20
+    # 1 token from the prefill, then 20 at k+1 = 5 per iteration: 4 iterations,
+    # each ONE target forward of k + 1 positions.
+    assert s.iterations == 5
+    assert [n for _, n in target.log.forwards] == [1] + [k + 1] * 4
+    assert s.bonus_tokens == 4 and s.emitted_tokens == 21
     assert s.accepted_per_position == [4, 4, 4, 4]
+
+
+def test_the_first_token_comes_from_the_prefill_before_any_draft():
+    target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
+    policy = _Recorder(3)
+    gen = SpeculativeDecoder(target, draft).stream(req(prompt=(0, 1, 2), max_new=10), policy)
+    first = next(gen)
+    assert first.token_ids == (3,)
+    assert draft.log.forwards == [] and [n for _, n in target.log.forwards] == [1]
+    assert [(o.k, o.emitted) for o in policy.outcomes] == [(0, 1)]  # not chosen by the policy, observed
+    rest = list(gen)
+    assert [t for c in rest for t in c.token_ids] == [4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert all(o.k == 3 for o in policy.outcomes[1:-1])
+    assert draft.log.forwards[0][0] == 4  # the draft caught up on prompt + first token at once
 
 
 def test_useless_draft_still_exact_and_acceptance_near_zero():
@@ -70,10 +84,11 @@ def test_useless_draft_still_exact_and_acceptance_near_zero():
 def test_rollback_truncates_both_caches_to_the_accepted_prefix():
     target = BigramLM.cycle(V, step=1)
     draft = BigramLM.cycle(V, step=2)
-    SpeculativeDecoder(target, draft).generate(req(prompt=(0, 1), max_new=3), FixedDraftLength(3))
-    # iteration 1: target holds 2 prompt + 3 drafts, keeps the 2 committed (prompt) tokens.
-    assert target.log.truncates[0] == 2
-    assert draft.log.truncates[0] == 2
+    SpeculativeDecoder(target, draft).generate(req(prompt=(0, 1), max_new=4), FixedDraftLength(3))
+    # iteration 1 (prefill): target keeps the 2 prompt tokens; iteration 2: target holds
+    # 2 prompt + 1 committed + 3 drafts, keeps the 3 committed tokens, and so does the draft.
+    assert target.log.truncates[:2] == [2, 3]
+    assert draft.log.truncates[0] == 3
 
 
 def test_k_zero_is_plain_target_decoding():
@@ -155,7 +170,7 @@ def test_cancellation_stops_the_loop_and_frees_sessions():
 
     out = SpeculativeDecoder(target, draft).generate(req(max_new=100), FixedDraftLength(2), cancelled=cancelled)
     assert out.finish_reason is FinishReason.CANCELLED
-    assert len(out.token_ids) == 6  # two iterations of k + 1 = 3
+    assert len(out.token_ids) == 4  # the prefill's token, then one iteration of k + 1 = 3
     assert target.log.sessions_closed == 1 and draft.log.sessions_closed == 1
 
 
@@ -329,7 +344,7 @@ def test_a_one_call_proposer_is_used_and_stays_exact():
     r = req(prompt=(1, 2), max_new=30)
     out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(4))
     assert out.token_ids == target_alone(BigramLM.random(V, seed=3), r).token_ids
-    assert draft.propose_calls == out.stats.iterations  # one draft call per iteration
+    assert draft.propose_calls == out.stats.iterations - 1  # one draft call per iteration after the prefill
     assert out.stats.accepted_tokens > 0
     # sampled: deterministic under a seed through the proposer as well
     rs = GenerationRequest((1,), StopCriteria(20), SamplingParams(temperature=1.0, seed=5))

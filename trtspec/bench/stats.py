@@ -124,25 +124,28 @@ def _opt_ms(v: float | None) -> float | None:
 
 
 def estimate_k(records: Sequence[RequestRecord]) -> int | None:
-    """Drafted tokens per iteration, from speculating requests: the median of ceil(drafted / chunks).
+    """Drafted tokens per iteration, from speculating requests: the median of ceil(drafted / (chunks - 1)).
 
-    One chunk is one draft-verify iteration; the ceiling undoes the last
-    iteration, which the token budget clips (it drafts at most budget - 1)."""
-    ks = [math.ceil(r.drafted / len(r.chunks) - 1e-9) for r in records if r.answered and r.drafted and r.chunks]
+    One chunk is one iteration; the first is the target's prefill, which never
+    drafts (:mod:`trtspec.spec.loop`), so it does not count. The ceiling undoes the
+    last iteration, which the token budget clips (it drafts at most budget - 1)."""
+    ks = [math.ceil(r.drafted / (len(r.chunks) - 1) - 1e-9)
+          for r in records if r.answered and r.drafted and len(r.chunks) >= 2]
     return int(np.median(ks)) if ks else None
 
 
 def acceptance_by_position_estimate(records: Sequence[RequestRecord], max_positions: int = 16) -> dict | None:
     """Per draft position i: the share of iterations whose first i drafts were all accepted,
     estimated from stream chunks (tokens per chunk - 1 = accepted, see
-    :func:`~trtspec.bench.records.chunk_tokens`); the last chunk of each request is left out
-    (the budget may cut it short). Meaningful when k is constant; None without speculating requests."""
-    spec = [r for r in records if r.answered and r.speculated and len(r.chunks) >= 2]
+    :func:`~trtspec.bench.records.chunk_tokens`); the first chunk of each request (the
+    prefill's token, no draft) and the last (the budget may cut it short) are left out.
+    Meaningful when k is constant; None without speculating requests."""
+    spec = [r for r in records if r.answered and r.speculated and len(r.chunks) >= 3]
     chunks = sum(len(r.chunks) for r in spec)
     if not chunks:
         return None
     k = max(1, min(max_positions, estimate_k(spec) or 1))  # no chunk can have more than k accepted
-    accepted_counts = [min(k, t - 1) for r in spec for t in r.chunk_tokens()[:-1]]
+    accepted_counts = [min(k, t - 1) for r in spec for t in r.chunk_tokens()[1:-1]]
     if not accepted_counts:
         return None
     n = len(accepted_counts)

@@ -34,9 +34,10 @@ Estimates (shared by all requests through one :class:`GoodputModel`):
   requests speculate well, and the reverse.
 - ``d`` and ``v[k]`` as medians of the last ``timing_window`` measured times
   (a median, because a step the OS preempted is an outlier, not a trend).
-  The first iteration of a request is left out (it includes both prompt
-  prefills), and so is the draft time of an iteration after one with ``k = 0``
-  (the draft then catches up on several tokens). An unmeasured ``v[k]`` is
+  The first iteration of a request is left out (the target's prompt prefill:
+  the loop never drafts there), and so is the draft time of an iteration after
+  one with ``k = 0`` (the draft then catches up on several tokens; at a
+  request's first draft, on the whole prompt). An unmeasured ``v[k]`` is
   guessed optimistically, so that it gets tried (see :class:`CostModel`).
   Before anything is measured, ``d = prior_draft_cost`` and
   ``v[k] = 1 + prior_verify_cost_per_token * k`` in units of a target step.
@@ -49,8 +50,9 @@ Exploration, so that estimates do not go stale:
   keep ``v[k]``, ``v[0]`` and the deeper ``a_i`` measured. Until a plain
   target step has been measured ``MIN_SAMPLES`` times (it is the baseline every
   choice is compared with), every 8th speculating iteration is one;
-- while nothing pays, a new request still drafts at its first iteration
-  (where a probe is cheapest: the draft only has the prompt to read) when
+- while nothing pays, a new request still drafts at its first drafting
+  iteration, right after the prefill (where a probe is cheapest: the draft
+  only has the prompt to read) when
   acceptance rates drawn from their posteriors say it pays (Thompson
   sampling: often while the evidence is thin or faded, rarely once it is
   clearly against speculating), drafting the ``k`` best for the drawn rates;
@@ -412,12 +414,14 @@ class GoodputController:
         self._accepted = 0  # this request: drafted positions accepted
         self._tested = 0  # this request: drafted positions tested (up to and including the first rejection)
         self._observed = 0
+        self._decided = 0  # next_k calls: the loop asks none for the request's prefill iteration
         self._prev_k: int | None = None  # k of the last iteration the loop ran
         self._resting = False  # the last k returned was 0 because nothing paid
         self.last_reason = "start"  # why the last k was chosen: best | nothing_pays | probe | explore | wait
 
     def next_k(self) -> int:
         k = self._choose()
+        self._decided += 1
         self._resting = self.last_reason in ("nothing_pays", "wait")
         return k
 
@@ -425,7 +429,7 @@ class GoodputController:
         est = self.model.estimate(self._accepted, self._tested)
         k = min(est.k_best, self.k_max)
         if k == 0:
-            if self._observed == 0:  # a new request: the cheapest moment to probe
+            if self._decided == 0:  # a new request's first draft: the cheapest moment to probe
                 sampled = self.model.sampled_k()
                 if sampled > 0:
                     self.last_reason = "probe"
@@ -440,8 +444,8 @@ class GoodputController:
             # everything it missed: do it on measurements, not on the priors alone
             self.last_reason = "wait"
             return 0
-        # never explore on a request's first iteration: its timings include the prefills
-        alt = self.model.explore(k) if self._observed > 0 else None
+        # never explore on a request's first drafting iteration: its draft time includes the draft's prefill
+        alt = self.model.explore(k) if self._decided > 0 else None
         if alt is not None and alt <= self.k_max:
             self.last_reason = "explore"
             return alt
