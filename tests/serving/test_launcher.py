@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver, free_port, python_shared_lib_dir
+from trtspec.serving.launcher import (
+    MALLOC_ENV,
+    ServerError,
+    TritonServer,
+    find_tritonserver,
+    free_port,
+    malloc_library,
+    python_shared_lib_dir,
+)
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +105,21 @@ def test_a_server_not_ready_in_time_is_stopped(install, tmp_path):
 def test_a_missing_repository_is_refused(tmp_path):
     with pytest.raises(ServerError, match="model repository not found"):
         TritonServer(tmp_path / "nothing").start()
+
+
+def test_the_allocator_is_chosen_and_preloaded(install):
+    jemalloc = malloc_library("jemalloc")  # scripts/ci_setup.sh installs libjemalloc2
+    assert jemalloc is not None and "jemalloc" in jemalloc
+    assert malloc_library("auto") == jemalloc and malloc_library("system") is None
+    env = install.env({"PATH": "/usr/bin", "LD_PRELOAD": "libmine.so"}, malloc="auto")
+    assert env["LD_PRELOAD"].split() == [jemalloc, "libmine.so"]
+    assert "LD_PRELOAD" not in install.env({"PATH": "/usr/bin", MALLOC_ENV: "system"})
+    assert install.env({"PATH": "/usr/bin", MALLOC_ENV: "jemalloc"})["LD_PRELOAD"] == jemalloc
+    with pytest.raises(ServerError, match="malloc must be one of auto, system, jemalloc, tcmalloc; got 'hoard'"):
+        install.env({"PATH": "/usr/bin"}, malloc="hoard")
+
+
+def test_the_running_server_uses_the_preloaded_allocator(triton):
+    # the shared server (tests/conftest.py) starts with the default: auto
+    maps = Path(f"/proc/{triton.pid}/maps").read_text()
+    assert "libjemalloc" in maps

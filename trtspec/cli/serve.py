@@ -38,10 +38,11 @@ def serve(
     log_file: Annotated[Path, typer.Option("--log-file", help="Where the server log goes (appended).")] = Path("tritonserver.log"),
     startup_timeout: Annotated[float, typer.Option("--startup-timeout", help="Seconds to wait for every model to be ready.")] = 600.0,
     log_verbose: Annotated[int, typer.Option("--log-verbose", help="tritonserver --log-verbose level.")] = 0,
+    malloc: Annotated[str, typer.Option("--malloc", help="Allocator preloaded into tritonserver: auto (jemalloc, else tcmalloc, else glibc's) | system | jemalloc | tcmalloc.")] = "auto",
     json_out: JsonOpt = False,
 ) -> None:
     """Start tritonserver on MODEL_REPO, print its endpoints, serve until Ctrl-C or SIGTERM."""
-    from trtspec.serving.launcher import TritonServer, find_tritonserver
+    from trtspec.serving.launcher import TritonServer, find_tritonserver, malloc_library
     from trtspec.serving.status import StatusServer
 
     if not (model_repo / "spec_decode" / "config.pbtxt").is_file():
@@ -52,7 +53,9 @@ def serve(
     try:
         with domain_errors():
             install = find_tritonserver()
-            log(f"starting {install.executable} ({install.source}); log: {log_file.resolve()}", quiet=json_out)
+            allocator = malloc_library(malloc) or "glibc malloc"
+            log(f"starting {install.executable} ({install.source}, {allocator}); log: {log_file.resolve()}",
+                quiet=json_out)
             server = TritonServer(
                 model_repo,
                 host=host,
@@ -63,6 +66,7 @@ def serve(
                 startup_timeout_s=startup_timeout,
                 log_verbose=log_verbose,
                 install=install,
+                malloc=malloc,
             )
             endpoints = server.start()
         urls = endpoints.to_dict()

@@ -25,11 +25,17 @@ own HTTP endpoint on loopback), through which ``spec_decode`` reloads a dead
 model: the repository API over HTTP, not ``pb_utils.load_model``, which holds
 up every BLS call of the calling stub while the load runs (measured: 3.6 s). Ports given as 0 are picked free on ``host``. OpenMP
 threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless set): the three
-models are processes taking turns on the same cores.
+models are processes taking turns on the same cores. The server runs with
+jemalloc (else tcmalloc) preloaded where the library is installed, as Triton's
+documentation advises (``malloc`` / ``$TRTSPEC_TRITON_MALLOC`` choose). Measured
+in the soak (tiny pair, 12.8 req/s plus bursts of 200 req/s): the tritonserver
+process grew 4.7 kB per request sent with glibc's malloc, 3.4 kB with jemalloc,
+which also hands back what a burst took; the stubs stay flat with either.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import re
 import shutil
@@ -53,6 +59,10 @@ DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 TRITON_URL_ENV = "TRTSPEC_TRITON_URL"  # the server's HTTP endpoint, for the models' reloads
+MALLOC_ENV = "TRTSPEC_TRITON_MALLOC"  # auto | system | jemalloc | tcmalloc (default auto)
+MALLOC_CHOICES = ("auto", "system", "jemalloc", "tcmalloc")
+# library names ctypes.util.find_library looks up, in order of preference
+_MALLOC_LIBS = {"jemalloc": ("jemalloc",), "tcmalloc": ("tcmalloc_minimal", "tcmalloc")}
 
 
 class ServerError(TrtspecError):
@@ -69,9 +79,15 @@ class TritonInstall:
     python_backend_dir: Path | None = None  # the wheel's backends/python (stub not inside)
     stub: Path | None = None  # the wheel's stub for this Python version
 
-    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment the server runs in: our interpreter's bin first on PATH, the wheel's libs."""
+    def env(self, base: dict[str, str] | None = None, malloc: str | None = None) -> dict[str, str]:
+        """The environment the server runs in: our interpreter's bin first on PATH, the wheel's libs,
+        the allocator (``malloc``, default ``$TRTSPEC_TRITON_MALLOC`` or auto) preloaded."""
         env = dict(os.environ if base is None else base)
+        lib = malloc_library(malloc or env.get(MALLOC_ENV) or "auto")
+        if lib is not None:
+            pre = env.get("LD_PRELOAD", "")
+            if lib not in pre.split():
+                env["LD_PRELOAD"] = f"{lib} {pre}".strip()
         py_bin = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([py_bin, env.get("PATH", "")])
         # The stub links against libpython3.X.so by soname: make it find THIS
@@ -103,6 +119,27 @@ class TritonInstall:
             shutil.copy2(self.python_backend_dir / name, dest / name)
         shutil.copy2(self.stub, dest / "triton_python_backend_stub")
         return dest.parent
+
+
+def malloc_library(choice: str) -> str | None:
+    """The allocator to preload into the server: a library name for ``LD_PRELOAD``, None for glibc's.
+
+    ``auto``: jemalloc, else tcmalloc, else glibc's. Naming one that is not
+    installed is an error (Debian: ``libjemalloc2``, ``libtcmalloc-minimal4``).
+    """
+    if choice not in MALLOC_CHOICES:
+        raise ServerError(f"malloc must be one of {', '.join(MALLOC_CHOICES)}; got {choice!r}")
+    if choice == "system":
+        return None
+    for kind in ("jemalloc", "tcmalloc") if choice == "auto" else (choice,):
+        for name in _MALLOC_LIBS[kind]:
+            lib = ctypes.util.find_library(name)
+            if lib:
+                return lib
+    if choice == "auto":
+        return None
+    raise ServerError(f"malloc {choice!r}: lib{_MALLOC_LIBS[choice][0]} is not installed "
+                      f"(Debian: apt-get install {'libjemalloc2' if choice == 'jemalloc' else 'libtcmalloc-minimal4'})")
 
 
 def python_shared_lib_dir() -> Path | None:
@@ -203,6 +240,7 @@ class TritonServer:
     log_verbose: int = 0
     extra_args: Sequence[str] = ()
     install: TritonInstall | None = None
+    malloc: str | None = None  # auto | system | jemalloc | tcmalloc; None: $TRTSPEC_TRITON_MALLOC or auto
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _own_work_dir: bool = field(default=False, init=False, repr=False)
     _log_handle: object = field(default=None, init=False, repr=False)
@@ -241,7 +279,7 @@ class TritonServer:
                 )
                 log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
                 self._log_handle = self.log_file.open("ab")
-                env = install.env()
+                env = install.env(malloc=self.malloc)
                 env[statusfile.ENV] = str(self._fresh_status_dir())
                 env[TRITON_URL_ENV] = f"http://{self.endpoints.http}"
                 self._proc = subprocess.Popen(
