@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -34,17 +35,24 @@ def run_request(
     iterations: int,
     config: GoodputConfig | None = None,
     k_max: int = 8,
+    max_new_tokens: int = 0,
+    catchup_s_per_token: float = 0.0,
 ) -> list[int]:
     """One request of ``iterations`` iterations after its prefill, in the loop's order: the
     prefill (k = 0, never asked for, observed, slow: the whole prompt), then next_k/observe;
-    ``accept(k)`` says how many of k drafts are accepted."""
-    c = GoodputController(model, k_max, config or model.config)
+    ``accept(k)`` says how many of k drafts are accepted. The request's first draft
+    takes ``catchup_s_per_token`` longer per context token (the draft reads the prompt)."""
+    c = GoodputController(model, k_max, config or model.config, max_new_tokens=max_new_tokens)
     c.observe(outcome(0, 0, v=lambda _k: 20 * V0))
     ks = []
     for _ in range(iterations):
         k = c.next_k()
         ks.append(k)
-        c.observe(outcome(k, min(k, accept(k))))
+        o = outcome(k, min(k, accept(k)))
+        if k > 0 and not any(ks[:-1]):
+            # one pass over the context yields the first draft token, then k - 1 drafting steps
+            o = dataclasses.replace(o, draft_time_s=catchup_s_per_token * o.context_len + (k - 1) * D)
+        c.observe(o)
     c.finish()
     return ks
 
@@ -239,6 +247,79 @@ def test_a_good_request_among_bad_ones_is_found_when_requests_differ() -> None:
     assert sum(k >= 4 for k in ks[5:]) / len(ks[5:]) > 0.8  # it was: it speculates
 
 
+def test_the_drafts_read_of_the_context_is_measured_at_first_drafts() -> None:
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0))
+    for _ in range(4):
+        run_request(model, good, 10, catchup_s_per_token=0.002)
+    assert model.snapshot()["draft_catchup_token_s"] == pytest.approx(0.002, rel=0.05)
+    assert model.snapshot()["draft_token_s"] == pytest.approx(D)  # drafting steps are measured apart
+
+
+def test_expected_remaining_is_the_recent_mean_length_capped_by_max_new_tokens() -> None:
+    model = GoodputModel(8, GoodputConfig())
+    assert model.expected_remaining(0, 1) == 63  # nothing seen yet: a 64-token request
+    for n in (10, 30):
+        model.request_finished(accepted=0, tested=0, emitted=n)
+    assert model.expected_remaining(0, 1) == 19
+    assert model.expected_remaining(8, 1) == 7
+    assert model.expected_remaining(0, 40) == 0
+
+
+def _mixed_population(catchup_s_per_token: float) -> GoodputModel:
+    """Recent drafting went badly on average; 3 of the last 10 requests had a draft that agreed;
+    the draft read each prompt at ``catchup_s_per_token``."""
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0, probe_share=0.0))
+    for _ in range(3):  # requests' first drafts (k = 2), to measure the catch-up on a 100-token context
+        first_draft = IterationOutcome(2, 0, 1, False, 100, catchup_s_per_token * 100 + D, verify_s(2))
+        model.observe(first_draft, first=False, steady_draft=False, catchup_tokens=100)
+    probe = GoodputController(model, 8, model.config)
+    for _ in range(40):
+        probe.observe(outcome(1, 0))
+    for i in range(10):
+        if i % 4 == 0:
+            model.request_finished(accepted=16, tested=16, emitted=64)
+        else:
+            model.request_finished(accepted=0, tested=2, emitted=64)
+    assert model.estimate(0, 0).k_best == 0 and model.requests_differ()
+    return model
+
+
+def test_a_probe_must_pay_for_the_drafts_read_of_the_context() -> None:
+    """The chance that a new request is a good one is worth a probe only when what a good
+    one saves over the rest of the request outweighs what probing costs every request:
+    the draft's read of the context, and a wasted iteration on the bad ones."""
+    cheap = 0.002  # 100 context tokens: 0.2 s, four target steps
+    assert run_request(_mixed_population(cheap), good, 30, max_new_tokens=64)[0] == 2  # probe
+    assert run_request(_mixed_population(cheap), good, 6, max_new_tokens=8)[0] == 0  # too short to pay
+    dear = 0.02  # 2 s: 40 target steps
+    assert run_request(_mixed_population(dear), good, 30, max_new_tokens=64)[0] == 0
+    model = _mixed_population(cheap)
+    assert model.probe_value(101, 63, 2) > 0 > model.probe_value(101, 7, 2)
+    assert model.probe_value(101, 63, 2) > model.probe_value(500, 63, 2)
+
+
+def one(k: int) -> int:
+    return min(k, 1)  # the first draft token is right, the rest wrong: k = 1 pays, modestly
+
+
+def test_a_request_drafts_only_when_the_saving_pays_for_the_drafts_read_of_the_prompt() -> None:
+    """Drafting one token per iteration saves ~18 ms per token here (5 of 8 target
+    steps): over ~60 tokens, about 1.1 s. Reading a 100-token prompt at 2 ms per token
+    costs 0.2 s (worth it); at 20 ms per token, 2 s (not: the request stays on the target)."""
+    for per_token, drafts in ((0.002, True), (0.02, False)):
+        model = GoodputModel(8, GoodputConfig(explore_share=0.0, probe_share=0.0))
+        for _ in range(3):  # requests' first drafts measure the read
+            first_draft = IterationOutcome(1, 1, 2, True, 100, per_token * 100, verify_s(1))
+            model.observe(first_draft, first=False, steady_draft=False, catchup_tokens=100)
+        for _ in range(20):  # what drafting does on these requests once the prompt is read
+            model.observe(outcome(1, 1), first=False, steady_draft=True)
+            model.observe(outcome(2, 1), first=False, steady_draft=True)
+        assert model.estimate(0, 0).k_best == 1
+        ks = run_request(model, one, 60, max_new_tokens=64)
+        assert (ks[0] > 0) is drafts
+        assert (sum(k > 0 for k in ks) > 50) is drafts  # and it never starts later either
+
+
 def test_a_homogeneous_useless_population_does_not_probe_new_requests() -> None:
     model = GoodputModel(8, GoodputConfig(probe_share=0.0))
     for _ in range(10):
@@ -250,10 +331,9 @@ def test_a_homogeneous_useless_population_does_not_probe_new_requests() -> None:
 def test_a_request_on_the_target_alone_does_not_resume_on_priors_alone() -> None:
     model = GoodputModel(8, GoodputConfig(probe_share=0.0, memory_iterations=50))
     run_request(model, useless, 10)
-    ks = run_request(model, useless, 200)  # the evidence fades; the prior (0.7) alone would pay here
-    assert ks[0] == 1  # a new request acts on the estimate it finds...
-    assert sum(k > 0 for k in ks[1:]) == 0  # ...but does not resume drafting on the priors alone
-    assert model.estimate(0, 0).k_best > 0  # ... which a new request would act on
+    ks = run_request(model, useless, 400)  # the evidence fades; the prior (0.7) alone would pay here
+    assert sum(k > 0 for k in ks[1:]) == 0  # it does not resume drafting on the priors alone...
+    assert model.estimate(0, 0).k_best > 0  # ...though by then the (faded) estimate says drafting pays
 
 
 def test_a_draft_that_recovers_is_noticed() -> None:

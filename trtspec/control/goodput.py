@@ -58,8 +58,15 @@ Exploration, so that estimates do not go stale:
   clearly against speculating), drafting the ``k`` best for the drawn rates;
   else ``probe_k`` tokens if at least ``min_paying_share`` of recent requests
   had an acceptance at which speculation pays (requests differ: this one may
-  be a good one); else a ``probe_share`` of new requests do anyway, so that a
-  draft that got better, or a cost measured during a stall, is noticed. A request that went
+  be a good one) and the probe is worth what it costs (:meth:`GoodputModel.probe_value`:
+  what good requests save over the tokens expected to remain, against the
+  draft's read of the context, measured per token at first drafts, and the
+  iteration bad ones waste); else a ``probe_share`` of new requests do anyway, so that a
+  draft that got better, or a cost measured during a stall, is noticed. Even
+  when a ``k > 0`` pays per iteration, a request starts drafting (at its first
+  drafting iteration, or when it resumes) only if the saving over the tokens
+  expected to remain pays for the draft's read of what it has not seen
+  (``not_worth_it`` otherwise; only ``probe_share`` probes still start it). A request that went
   to the target alone drafts again only on measured evidence
   (``RESUME_MIN_EVIDENCE`` tested positions), not on the priors alone: after
   a run of target-only steps the draft must first read everything it missed.
@@ -81,6 +88,10 @@ MIN_SAMPLES = 3  # draft timings needed before the measurement replaces the prio
 YOUNG_EXPLORE_EVERY = 8  # explore this often until a plain target step is measured
 TARGET_ONLY_MEMORY_FACTOR = 10  # target-only iterations age the acceptance counts this much slower
 RESUME_MIN_EVIDENCE = 8.0  # tested draft positions behind a_1 before a request at k = 0 drafts again
+# The draft's catch-up (reading a prompt it has not seen) per token, in draft steps, until measured.
+# Measured on the demo pair, one thread: INT8 draft 5.0 ms per prompt token vs 37 ms per step (0.13).
+PRIOR_CATCHUP_PER_DRAFT_STEP = 0.15
+DEFAULT_REQUEST_TOKENS = 64  # expected output length before any request has finished
 
 
 def expected_emitted(a: list[float], k: int) -> float:
@@ -170,6 +181,7 @@ class CostModel:
         self.config = config
         self.draft = _Recent(config.timing_window)
         self.verify = [_Recent(config.timing_window) for _ in range(k_max + 1)]
+        self.catchup = _Recent(config.timing_window)  # seconds per token the draft reads at a request's first draft
 
     def observe_draft(self, seconds_per_token: float) -> None:
         self.draft.add(seconds_per_token)
@@ -204,11 +216,22 @@ class CostModel:
                 out.append(v0 * (1.0 + beta * k))
         return [max(v, 1e-9) for v in out]
 
+    def draft_step(self, v0: float) -> float:
+        """``d``: measured, else ``prior_draft_cost`` target steps."""
+        return self.draft.value if self.draft.value is not None else self.config.prior_draft_cost * v0
+
     def iteration_times(self) -> list[float]:
         """``T[k] = k d + v[k]`` for ``k = 0..k_max``."""
         v = self.verify_times()
-        d = self.draft.value if self.draft.value is not None else self.config.prior_draft_cost * v[0]
+        d = self.draft_step(v[0])
         return [max(k * d + v[k], 1e-9) for k in range(self.k_max + 1)]
+
+    def catchup_per_token(self) -> float:
+        """Seconds the draft needs per token it reads before it can draft (its prefill of the context):
+        measured at requests' first drafts, else ``PRIOR_CATCHUP_PER_DRAFT_STEP`` draft steps."""
+        if self.catchup.value is not None:
+            return self.catchup.value
+        return PRIOR_CATCHUP_PER_DRAFT_STEP * self.draft_step(self.verify_times()[0])
 
 
 @dataclass(frozen=True)
@@ -238,6 +261,7 @@ class GoodputModel:
         self._tested = [0.0] * k_max  # decayed count: position i+1 drafted with 1..i accepted
         self.costs = CostModel(k_max, config)
         self._history: deque[tuple[int, int]] = deque(maxlen=config.request_history)  # (accepted, tested)
+        self._lengths: deque[int] = deque(maxlen=config.request_history)  # tokens emitted per finished request
         self._probe_credit = 0.0
         self._explore_every = math.ceil(1.0 / config.explore_share) if config.explore_share > 0 else 0
         self._spec_iterations = 0
@@ -245,9 +269,10 @@ class GoodputModel:
 
     # -- learning ------------------------------------------------------------
 
-    def observe(self, o: IterationOutcome, first: bool, steady_draft: bool) -> None:
+    def observe(self, o: IterationOutcome, first: bool, steady_draft: bool, catchup_tokens: int = 0) -> None:
         """Learn from one iteration. ``first``: the request's first (includes prefill);
-        ``steady_draft``: the draft's cache was at most two tokens behind."""
+        ``steady_draft``: the draft's cache was at most two tokens behind;
+        ``catchup_tokens``: at a request's first draft, the context the draft read first."""
         with self._lock:
             k = min(o.k, self.k_max)
             decay = self._decay if k > 0 else self._decay_idle
@@ -263,12 +288,27 @@ class GoodputModel:
             self.costs.observe_verify(o.k, o.verify_time_s)
             if o.k > 0 and steady_draft:
                 self.costs.observe_draft(o.draft_time_s / o.k)
+            elif o.k > 0 and catchup_tokens > 0:  # one pass over the context, then k - 1 drafting steps
+                d = self.costs.draft_step(self.costs.verify_times()[0])
+                self.costs.catchup.add(max(o.draft_time_s - (o.k - 1) * d, 0.0) / catchup_tokens)
 
-    def request_finished(self, accepted: int, tested: int) -> None:
-        """Record one finished request's pooled acceptance (``tested``: positions tested)."""
-        if tested > 0:
-            with self._lock:
+    def request_finished(self, accepted: int, tested: int, emitted: int = 0) -> None:
+        """Record one finished request's pooled acceptance (``tested``: positions tested)
+        and its length (``emitted`` tokens)."""
+        with self._lock:
+            if tested > 0:
                 self._history.append((accepted, tested))
+            if emitted > 0:
+                self._lengths.append(emitted)
+
+    def expected_remaining(self, max_new_tokens: int, emitted: int) -> float:
+        """Tokens a request that has emitted ``emitted`` is expected to emit still: the mean
+        length of recent requests (``DEFAULT_REQUEST_TOKENS`` before any), capped by its
+        ``max_new_tokens`` (0: unknown)."""
+        with self._lock:
+            typical = sum(self._lengths) / len(self._lengths) if self._lengths else float(DEFAULT_REQUEST_TOKENS)
+        total = min(typical, max_new_tokens) if max_new_tokens > 0 else typical
+        return max(total - emitted, 0.0)
 
     # -- estimates -----------------------------------------------------------
 
@@ -344,7 +384,9 @@ class GoodputModel:
         """Thompson sampling: the best ``k`` for acceptance rates drawn from their
         posteriors (``Beta`` of the decayed counts and the prior) instead of their
         means. Positive with a probability that shrinks as the evidence against
-        speculating grows; thin or faded evidence makes it positive often."""
+        speculating grows; thin or faded evidence makes it positive often. (Not
+        weighed against the probe's cost: what it buys is mostly knowledge for
+        the requests that follow.)"""
         s = self.config.prior_strength
         with self._lock:
             a = []
@@ -354,6 +396,44 @@ class GoodputModel:
                 prior = (acc + s * prior) / (tested + s)
             t = self.costs.iteration_times()
         return best_k(a, t, self.config.min_gain)[0]
+
+    def catchup_per_token(self) -> float:
+        """Seconds the draft needs per token it reads before drafting (see :class:`CostModel`)."""
+        with self._lock:
+            return self.costs.catchup_per_token()
+
+    def probe_value(self, catchup_tokens: int, remaining: float, probe_k: int) -> float:
+        """Expected seconds a new request saves by probing with ``probe_k`` drafts now (negative: it loses).
+
+        Recent requests stand for what this one may be (each with its acceptance
+        shrunk toward everyone's, as in :meth:`estimate`). One at which some
+        ``k`` pays would, once found, save ``remaining / g[0] - remaining / g[k]``
+        seconds, less the draft's catch-up on the context (``catchup_tokens``
+        times the measured seconds per token); one at which nothing pays loses
+        the catch-up and the probe iteration's extra time, less the tokens it
+        gained. The mean over recent requests (the global estimate when there
+        are none) is the value of the information the probe buys."""
+        with self._lock:
+            a_g, pooled_g = self._global()
+            m = self._request_prior_strength()
+            t = self.costs.iteration_times()
+            catchup = catchup_tokens * self.costs.catchup_per_token()
+            hist = list(self._history)
+        if hist:
+            mu = sum(acc for acc, _ in hist) / sum(n for _, n in hist)
+            pooled = [(acc + m * mu) / (n + m) for acc, n in hist]
+        else:
+            pooled = [pooled_g]
+        kp = max(1, min(probe_k, self.k_max))
+        total = 0.0
+        for p in pooled:
+            a = scale_acceptance(a_g, pooled_g, p)
+            k, g = best_k(a, t, self.config.min_gain)
+            if k > 0:
+                total += remaining / g[0] - remaining / g[k] - catchup
+            else:
+                total -= catchup + t[kp] - t[0] - (expected_emitted(a, kp) - 1.0) * t[0]
+        return total / len(pooled)
 
     def requests_differ(self) -> bool:
         """True when at least ``min_paying_share`` of recent requests had an acceptance
@@ -392,6 +472,8 @@ class GoodputModel:
             m = self._request_prior_strength()
             d = self.costs.draft.value
             v0 = self.costs.verify[0].value
+            catchup = self.costs.catchup.value
+            lengths = list(self._lengths)
         return {
             "acceptance_per_position": [round(x, 4) for x in a_g],
             "pooled_acceptance": round(pooled_g, 4),
@@ -399,6 +481,8 @@ class GoodputModel:
             "draft_token_s": d,
             "target_step_s": v0,
             "draft_cost_ratio": (d / v0) if d is not None and v0 else None,
+            "draft_catchup_token_s": catchup,
+            "mean_request_tokens": round(sum(lengths) / len(lengths), 1) if lengths else None,
             "request_prior_strength": round(m, 3),
             "k_best_now": best_k(a_g, t, self.config.min_gain)[0],
         }
@@ -407,42 +491,74 @@ class GoodputModel:
 class GoodputController:
     """Per-request ``goodput`` controller over a shared :class:`GoodputModel` (see the module docstring)."""
 
-    def __init__(self, model: GoodputModel, k_max: int, config: GoodputConfig) -> None:
+    def __init__(self, model: GoodputModel, k_max: int, config: GoodputConfig, max_new_tokens: int = 0) -> None:
         self.model = model
         self.k_max = min(k_max, model.k_max)
         self.config = config
+        self.max_new_tokens = max_new_tokens  # 0: unknown
+        self._emitted = 0
+        self._context = 0  # tokens in the sequence now
+        self._drafted_before = False  # the draft has read this request's context
+        self._draft_seen = 0  # tokens of the sequence the draft has read
         self._accepted = 0  # this request: drafted positions accepted
         self._tested = 0  # this request: drafted positions tested (up to and including the first rejection)
         self._observed = 0
         self._decided = 0  # next_k calls: the loop asks none for the request's prefill iteration
         self._prev_k: int | None = None  # k of the last iteration the loop ran
         self._resting = False  # the last k returned was 0 because nothing paid
-        self.last_reason = "start"  # why the last k was chosen: best | nothing_pays | probe | explore | wait
+        # why the last k was chosen: best | nothing_pays | not_worth_it | probe | explore | wait
+        self.last_reason = "start"
 
     def next_k(self) -> int:
         k = self._choose()
         self._decided += 1
-        self._resting = self.last_reason in ("nothing_pays", "wait")
+        self._resting = self.last_reason in ("nothing_pays", "wait", "not_worth_it")
         return k
+
+    def _start_value(self, est: GoodputEstimate, k: int) -> float:
+        """Expected seconds this request saves by starting (or resuming) to draft ``k`` now:
+        with evidence of its own, what drafting at its estimated rates saves over the tokens
+        expected to remain, less the draft's read of the tokens it has not seen; before that,
+        the same over recent requests as stand-ins (:meth:`GoodputModel.probe_value`)."""
+        remaining = self.model.expected_remaining(self.max_new_tokens, self._emitted)
+        unseen = max(self._context - self._draft_seen, 0)
+        if self._tested == 0:
+            return self.model.probe_value(unseen, remaining, k)
+        g = est.goodput
+        return remaining / g[0] - remaining / g[k] - unseen * self.model.catchup_per_token()
 
     def _choose(self) -> int:
         est = self.model.estimate(self._accepted, self._tested)
         k = min(est.k_best, self.k_max)
-        if k == 0:
-            if self._decided == 0:  # a new request's first draft: the cheapest moment to probe
-                sampled = self.model.sampled_k()
-                if sampled > 0:
-                    self.last_reason = "probe"
-                    return min(sampled, self.k_max)
-                if self.model.requests_differ() or self.model.take_probe_credit():
-                    self.last_reason = "probe"
-                    return min(self.config.probe_k, self.k_max)
-            self.last_reason = "nothing_pays"
-            return 0
-        if self._resting and est.evidence < RESUME_MIN_EVIDENCE:
+        reason = "nothing_pays"
+        if k > 0 and self._resting and est.evidence < RESUME_MIN_EVIDENCE:
             # after target-only steps, drafting again costs the draft a read of
             # everything it missed: do it on measurements, not on the priors alone
             self.last_reason = "wait"
+            return 0
+        if k > 0 and (self._resting or self._decided == 0) and self._start_value(est, k) <= 0:
+            # drafting pays per iteration, but not enough, over what is left, to pay
+            # for the draft's read of what it has not seen (at a first draft: the prompt)
+            k, reason = 0, "not_worth_it"
+        if k == 0:
+            if self._decided == 0:  # a new request's first draft: the cheapest moment to probe
+                if reason == "nothing_pays":  # (not_worth_it: drafting pays, but not for this read)
+                    sampled = self.model.sampled_k()
+                    if sampled > 0:
+                        self.last_reason = "probe"
+                        return min(sampled, self.k_max)
+                    # this request may be one of the good ones: probe when that chance pays for the
+                    # draft's read of the context and the probe's waste, over what is left of it
+                    remaining = self.model.expected_remaining(self.max_new_tokens, self._emitted)
+                    if self.model.requests_differ() and (
+                        self.model.probe_value(self._context, remaining, self.config.probe_k) > 0
+                    ):
+                        self.last_reason = "probe"
+                        return min(self.config.probe_k, self.k_max)
+                if self.model.take_probe_credit():
+                    self.last_reason = "probe"
+                    return min(self.config.probe_k, self.k_max)
+            self.last_reason = reason
             return 0
         # never explore on a request's first drafting iteration: its draft time includes the draft's prefill
         alt = self.model.explore(k) if self._decided > 0 else None
@@ -454,12 +570,17 @@ class GoodputController:
 
     def observe(self, outcome: IterationOutcome) -> None:
         steady = self._prev_k is not None and self._prev_k > 0
-        self.model.observe(outcome, first=self._observed == 0, steady_draft=steady)
+        catchup = outcome.context_len if outcome.k > 0 and not self._drafted_before else 0
+        self.model.observe(outcome, first=self._observed == 0, steady_draft=steady, catchup_tokens=catchup)
+        self._emitted += outcome.emitted
+        self._context = outcome.context_len + outcome.emitted
         if outcome.k > 0:
+            self._drafted_before = True
+            self._draft_seen = outcome.context_len + min(outcome.accepted, outcome.k - 1)
             self._accepted += outcome.accepted
             self._tested += min(outcome.k, outcome.accepted + 1)
         self._prev_k = outcome.k
         self._observed += 1
 
     def finish(self) -> None:
-        self.model.request_finished(self._accepted, self._tested)
+        self.model.request_finished(self._accepted, self._tested, self._emitted)

@@ -58,7 +58,9 @@ from trtspec.spec.types import IterationOutcome
 log = logging.getLogger("trtspec.control")
 
 
-def make_controller(config: DraftLengthConfig, clock: Clock, goodput: GoodputModel) -> DraftLengthController:
+def make_controller(
+    config: DraftLengthConfig, clock: Clock, goodput: GoodputModel, info: RequestInfo | None = None
+) -> DraftLengthController:
     """A fresh per-request controller of the kind ``config.controller`` names."""
     kind = config.controller
     if kind is ControllerKind.STATIC:
@@ -68,7 +70,8 @@ def make_controller(config: DraftLengthConfig, clock: Clock, goodput: GoodputMod
     if kind is ControllerKind.HEURISTIC:
         return HeuristicController(config.heuristic, config.k_max)
     assert kind is ControllerKind.GOODPUT, kind
-    return GoodputController(goodput, config.k_max, config.goodput)
+    max_new_tokens = info.max_new_tokens if info is not None else 0
+    return GoodputController(goodput, config.k_max, config.goodput, max_new_tokens=max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class SpeculationGovernor:
             self._decisions[route.reason] += 1
         log.debug("request %r: speculate=%s reason=%s", info.request_id, route.speculate, route.reason)
         controller = (
-            make_controller(self.policy.draft_length, self.clock, self.goodput) if route.speculate else None
+            make_controller(self.policy.draft_length, self.clock, self.goodput, info) if route.speculate else None
         )
         return RequestControl(self, info, route, controller)
 
