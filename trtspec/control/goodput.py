@@ -498,14 +498,13 @@ class GoodputController:
         self.max_new_tokens = max_new_tokens  # 0: unknown
         self._emitted = 0
         self._context = 0  # tokens in the sequence now
-        self._drafted_before = False  # the draft has read this request's context
-        self._draft_seen = 0  # tokens of the sequence the draft has read
+        self._draft_seen = 0  # tokens of the sequence the draft has read (0: it has not drafted yet)
         self._accepted = 0  # this request: drafted positions accepted
         self._tested = 0  # this request: drafted positions tested (up to and including the first rejection)
         self._observed = 0
         self._decided = 0  # next_k calls: the loop asks none for the request's prefill iteration
         self._prev_k: int | None = None  # k of the last iteration the loop ran
-        self._resting = False  # the last k returned was 0 because nothing paid
+        self._resting = False  # the last k returned was 0 because nothing paid (or not enough)
         # why the last k was chosen: best | nothing_pays | not_worth_it | probe | explore | wait
         self.last_reason = "start"
 
@@ -570,12 +569,11 @@ class GoodputController:
 
     def observe(self, outcome: IterationOutcome) -> None:
         steady = self._prev_k is not None and self._prev_k > 0
-        catchup = outcome.context_len if outcome.k > 0 and not self._drafted_before else 0
+        catchup = outcome.context_len if outcome.k > 0 and self._draft_seen == 0 else 0
         self.model.observe(outcome, first=self._observed == 0, steady_draft=steady, catchup_tokens=catchup)
         self._emitted += outcome.emitted
         self._context = outcome.context_len + outcome.emitted
         if outcome.k > 0:
-            self._drafted_before = True
             self._draft_seen = outcome.context_len + min(outcome.accepted, outcome.k - 1)
             self._accepted += outcome.accepted
             self._tested += min(outcome.k, outcome.accepted + 1)
