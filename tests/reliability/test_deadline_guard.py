@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -26,6 +27,15 @@ def test_deadline_is_max_until_measured_then_multiplier_times_p95_clamped():
     fast = AdaptiveDeadline(floor_s=0.05, max_s=1.0, min_samples=1)
     fast.observe(0.001)
     assert fast.deadline_s() == 0.05  # the floor
+
+
+def test_a_call_queued_behind_running_ones_gets_their_time_too_within_the_ceiling():
+    d = AdaptiveDeadline(floor_s=0.01, max_s=1.0, multiplier=4.0, min_samples=1)
+    d.observe(0.05)
+    assert d.deadline_s() == pytest.approx(0.2)
+    assert d.deadline_s(ahead=2) == pytest.approx(0.6)  # two calls to wait for, then its own
+    assert d.deadline_s(ahead=7) == 1.0  # the ceiling still holds
+    assert AdaptiveDeadline(fixed_s=0.3).deadline_s(ahead=5) == 0.3  # a fixed deadline is fixed
 
 
 def test_p95_ignores_the_slowest_five_percent_and_late_calls_are_not_measured():
@@ -158,7 +168,7 @@ def test_a_late_draft_is_dropped_and_the_request_goes_on_with_the_target_alone()
     hooks = Hooks()
     pool = ThreadPoolExecutor(4)
     draft = GatedDraft(gate)
-    guarded = GuardedModel(draft, pool, lambda: 0.05, hooks, late_error=lambda s: Late(f"late after {s}s"),
+    guarded = GuardedModel(draft, pool, lambda ahead: 0.05, hooks, late_error=lambda s: Late(f"late after {s}s"),
                            close_async=True)
     try:
         got, alone = run(guarded)
@@ -176,7 +186,7 @@ def test_an_abandoned_call_that_fails_later_is_still_reported():
     hooks = Hooks()
     pool = ThreadPoolExecutor(2)
     draft = GatedDraft(gate, fail=RuntimeError("Stub process 'draft_0_0' is not healthy."))
-    guarded = GuardedModel(draft, pool, lambda: 0.05, hooks, late_error=lambda s: Late("late"), close_async=True)
+    guarded = GuardedModel(draft, pool, lambda ahead: 0.05, hooks, late_error=lambda s: Late("late"), close_async=True)
     session = guarded.new_session()
     with pytest.raises(Late):
         session.propose([1, 2], 3, SamplingParams(), None)
@@ -192,10 +202,39 @@ def test_on_time_calls_are_measured_and_errors_reported_with_k():
     gate.set()
     hooks = Hooks()
     with ThreadPoolExecutor(2) as pool:
-        ok = GuardedModel(GatedDraft(gate), pool, lambda: 5.0, hooks, late_error=lambda s: Late())
+        ok = GuardedModel(GatedDraft(gate), pool, lambda ahead: 5.0, hooks, late_error=lambda s: Late())
         ok.new_session().propose([1, 2], 3, SamplingParams(), None)
         assert len(hooks.ok) == 1 and 0 <= hooks.ok[0] < 5.0
-        bad = GuardedModel(GatedDraft(gate, fail=ValueError("boom")), pool, lambda: None, hooks, late_error=lambda s: Late())
+        bad = GuardedModel(GatedDraft(gate, fail=ValueError("boom")), pool, lambda ahead: None, hooks, late_error=lambda s: Late())
         with pytest.raises(ValueError):
             bad.new_session().propose([1, 2], 2, SamplingParams(), None)  # no deadline: inline, same reporting
     assert [(k, str(e)) for k, e in hooks.errors] == [(2, "boom")]
+
+
+def test_the_guard_counts_running_calls_for_the_deadline_and_measures_one_calls_time():
+    gate = threading.Event()
+    hooks = Hooks()
+    asked: list[int] = []
+
+    def deadline(ahead: int) -> float:
+        asked.append(ahead)
+        return 30.0
+
+    with ThreadPoolExecutor(4) as pool:
+        guarded = GuardedModel(GatedDraft(gate), pool, deadline, hooks, late_error=lambda s: Late())
+        first = threading.Thread(target=lambda: guarded.new_session().propose([1, 2], 2, SamplingParams(), None))
+        first.start()
+        for _ in range(500):  # the first call is running (blocked on the gate)
+            if guarded.running == 1:
+                break
+            threading.Event().wait(0.01)
+        assert guarded.running == 1
+        threading.Timer(0.3, gate.set).start()
+        t0 = time.perf_counter()
+        guarded.new_session().propose([1, 2], 2, SamplingParams(), None)
+        wall = time.perf_counter() - t0
+        first.join(10)
+    assert asked == [0, 1]  # the second call was made with one running ahead of it
+    assert guarded.running == 0
+    second = min(hooks.ok)  # the first call waited longer and is measured whole; the second is halved
+    assert wall >= 0.29 and 0.4 * wall <= second <= 0.5 * wall + 1e-3

@@ -6,7 +6,15 @@ turns draft jitter into request latency. :class:`AdaptiveDeadline` keeps the
 durations of the last ``window`` draft calls that made their deadline and
 gives each new call::
 
-    deadline = clamp(multiplier * p95(recent call times), floor_s, max_s)
+    deadline = clamp(multiplier * p95(recent call times) * (1 + ahead), floor_s, max_s)
+
+where ``ahead`` is the number of draft calls still running when the call is
+made: the draft model serves one call at a time, so a call queued behind
+three others takes about four call times (measured: a step from 1 to 4
+concurrent requests on the demo pair made every request's first draft call miss
+a deadline fitted at concurrency 1, and the breaker opened on the lateness).
+Measured durations are divided by the same ``1 + ahead`` (see ``GuardedModel``),
+so the estimate stays the time of ONE call whatever the load.
 
 ``max_s`` until ``min_samples`` calls were measured; a fixed deadline
 (``fixed_s > 0``) ignores the measurements. Late calls are NOT measured: the
@@ -75,15 +83,15 @@ class AdaptiveDeadline:
             self._dirty = False
         return self._p95
 
-    def deadline_s(self) -> float:
-        """The deadline for the next call, in seconds."""
+    def deadline_s(self, ahead: int = 0) -> float:
+        """The deadline for the next call, in seconds; ``ahead``: draft calls still running."""
         if self.fixed_s > 0:
             return self.fixed_s
         with self._lock:
             p95 = self._p95_locked()
         if p95 is None:
             return self.max_s
-        return min(self.max_s, max(self.floor_s, self.multiplier * p95))
+        return min(self.max_s, max(self.floor_s, self.multiplier * p95 * (1 + max(0, ahead))))
 
     def snapshot(self) -> dict:
         return {

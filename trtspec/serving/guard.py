@@ -22,6 +22,7 @@ the session once it gets to it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -41,7 +42,9 @@ T = TypeVar("T")
 
 class GuardHooks(Protocol):
     """Told of every call of a :class:`GuardedModel`. ``k``: tokens the call was to draft (0 otherwise);
-    ``started_at``: ``time.monotonic()`` when the call was made (a failure may be reported long after)."""
+    ``started_at``: ``time.monotonic()`` when the call was made (a failure may be reported long after);
+    ``seconds``: the call's duration divided by ``1 +`` the calls that were running when it was made
+    (the model serves one at a time: about the time of one call, whatever the load)."""
 
     def on_ok(self, seconds: float) -> None: ...
 
@@ -51,13 +54,14 @@ class GuardHooks(Protocol):
 
 
 class GuardedModel:
-    """``inner`` with a per-call deadline (``deadline()`` seconds, None: wait inline) and hooks."""
+    """``inner`` with a per-call deadline and hooks. ``deadline(ahead)``: seconds the call may take
+    (None: wait inline), ``ahead`` the model's calls still running (abandoned late ones included)."""
 
     def __init__(
         self,
         inner: LanguageModel,
         pool: Executor,
-        deadline: Callable[[], float | None],
+        deadline: Callable[[int], float | None],
         hooks: GuardHooks,
         *,
         late_error: Callable[[float], Exception],
@@ -69,6 +73,8 @@ class GuardedModel:
         self.hooks = hooks
         self.late_error = late_error
         self.close_async = close_async
+        self._running = 0  # calls made and not finished (a late call runs on after it is abandoned)
+        self._running_lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -83,7 +89,14 @@ class GuardedModel:
 
     def call(self, fn: Callable[[], T], k: int = 0) -> T:
         """``fn()`` under the deadline, reported to the hooks."""
-        limit = self.deadline()
+        with self._running_lock:
+            ahead = self._running
+            self._running += 1
+        try:
+            limit = self.deadline(ahead)
+        except BaseException:
+            self._finished()
+            raise
         started = time.monotonic()
         t0 = time.perf_counter()
         if limit is None:
@@ -92,8 +105,15 @@ class GuardedModel:
             except Exception as e:
                 self.hooks.on_error(k, e, started)
                 raise
+            finally:
+                self._finished()
         else:
-            future = self.pool.submit(fn)
+            try:
+                future = self.pool.submit(fn)
+            except BaseException:
+                self._finished()
+                raise
+            future.add_done_callback(lambda f: self._finished())
             try:
                 out = future.result(timeout=limit)
             except FutureTimeout:
@@ -104,8 +124,17 @@ class GuardedModel:
             except Exception as e:
                 self.hooks.on_error(k, e, started)
                 raise
-        self.hooks.on_ok(time.perf_counter() - t0)
+        self.hooks.on_ok((time.perf_counter() - t0) / (1 + ahead))
         return out
+
+    def _finished(self) -> None:
+        with self._running_lock:
+            self._running -= 1
+
+    @property
+    def running(self) -> int:
+        """Calls made and not finished."""
+        return self._running
 
     def _late_call_done(self, future: Any, started: float) -> None:
         """An abandoned call ended: a failure (a dead stub answers late with "not healthy") is

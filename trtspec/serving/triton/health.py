@@ -130,7 +130,7 @@ class DeploymentHealth:
         return GuardedModel(
             bls,
             pool,
-            (lambda: limit) if limit > 0 else (lambda: None),
+            (lambda ahead: limit) if limit > 0 else (lambda ahead: None),
             _TargetHooks(self.target),
             late_error=lambda s: BLSTimeout(f"model '{bls.model_name}' did not answer within {s:g}s"),
         )
