@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", default="4,8", help="concurrency levels beyond 1")
     ap.add_argument("--policy", type=Path, default=None, help="policy file (default: the built-in policy)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per draft/target process (0: torch's default)")
     ap.add_argument("--work", type=Path, default=Path("results/serving"))
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
@@ -109,7 +110,8 @@ def main() -> int:
     del pair
 
     repo = write_model_repo(args.work / "model_repo", target_checkpoint=paths.target, draft_checkpoint=paths.draft,
-                            policy_file=args.policy, max_sessions=32, max_concurrency=8)
+                            policy_file=args.policy, max_sessions=32, max_concurrency=8,
+                            num_threads=args.threads)
     with TritonServer(repo, log_file=args.work / "tritonserver.log") as server:
         ep = server.endpoints
         assert ep is not None

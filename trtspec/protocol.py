@@ -94,6 +94,8 @@ LM_INPUTS = (
     TensorSpec("top_k", "TYPE_INT32", (1,), True, "with num_draft: 0 (default) disables top-k"),
     TensorSpec("top_p", "TYPE_FP32", (1,), True, "with num_draft: 1.0 (default) disables nucleus sampling"),
     TensorSpec("seed", "TYPE_INT64", (1,), True, "with num_draft, sampling: seed of the draft's generator"),
+    TensorSpec("cpu_share", "TYPE_INT32", (1,), True,
+               "models computing at the same time (1 by default): a CPU model runs 1/cpu_share of its threads"),
 )
 
 LM_OUTPUTS = (

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from trtspec.serving.launcher import (
+    DEFAULT_OMP_SPINCOUNT,
     MALLOC_ENV,
+    OMP_SPIN_ENV,
     ServerError,
+    TritonInstall,
     TritonServer,
     find_tritonserver,
     free_port,
@@ -52,6 +55,20 @@ def test_the_wheel_server_gets_its_libraries_stub_and_our_python(install, tmp_pa
     assert sorted(p.name for p in (backends / "python").iterdir()) == [
         "libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
     assert f"{sys.version_info[0]}.{sys.version_info[1]}" in str(install.stub)
+
+
+def test_openmp_threads_spin_briefly_then_sleep_unless_the_user_chose():
+    install = TritonInstall(executable=Path("/opt/tritonserver/bin/tritonserver"), source="PATH")
+    plain = install.env({"PATH": "/usr/bin"}, malloc="system")
+    assert plain["OMP_WAIT_POLICY"] == "PASSIVE" and plain["GOMP_SPINCOUNT"] == str(DEFAULT_OMP_SPINCOUNT)
+    assert install.env({"PATH": "/usr/bin", OMP_SPIN_ENV: "0"}, malloc="system")["GOMP_SPINCOUNT"] == "0"
+    # the user's own OpenMP settings are theirs: nothing added
+    active = install.env({"PATH": "/usr/bin", "OMP_WAIT_POLICY": "ACTIVE"}, malloc="system")
+    assert active["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in active
+    spin = install.env({"PATH": "/usr/bin", "GOMP_SPINCOUNT": "5000"}, malloc="system")
+    assert spin["GOMP_SPINCOUNT"] == "5000" and "OMP_WAIT_POLICY" not in spin
+    with pytest.raises(ServerError, match=OMP_SPIN_ENV):
+        install.env({"PATH": "/usr/bin", OMP_SPIN_ENV: "fast"}, malloc="system")
 
 
 def test_free_ports_are_free():

@@ -21,7 +21,8 @@ def served(tiny_target: Path):
     pb.finalize()
 
 
-def call(pb, session: str, ids, num_logits: int, release: bool | None = None, ids_dtype=np.int64):
+def call(pb, session: str, ids, num_logits: int, release: bool | None = None, ids_dtype=np.int64,
+         cpu_share: int | None = None):
     inputs = {
         "session_id": np.array([session.encode()], dtype=object),
         "token_ids": np.asarray(ids, dtype=ids_dtype),
@@ -29,6 +30,8 @@ def call(pb, session: str, ids, num_logits: int, release: bool | None = None, id
     }
     if release is not None:
         inputs["release"] = np.array([release], dtype=bool)
+    if cpu_share is not None:
+        inputs["cpu_share"] = np.array([cpu_share], dtype=np.int32)
     return pb.client_request("target", inputs)
 
 
@@ -110,3 +113,25 @@ def test_logits_are_float32_batch_free(served):
     assert out.dtype == np.float32 and out.shape == (3, 384)
     assert torch.isfinite(torch.from_numpy(out)).all()
     assert isinstance(c.responses[0].output_tensors()[0], Tensor)
+
+
+def test_cpu_share_runs_a_share_of_the_threads_and_bad_values_are_refused(served):
+    pb, model = served
+    asked: list[int] = []
+    saved = model.set_threads, model._threads, model._threads_now
+    model.set_threads, model._threads, model._threads_now = asked.append, 4, 4
+
+    def shared(session: str, share: int) -> object:
+        return call(pb, session, [3, 14, 15], 1, cpu_share=share)
+
+    try:
+        calls = [shared("s1", 2), shared("s2", 2), shared("s3", 1), shared("s4", 0)]
+        pb.execute("target", calls)
+        assert asked == [2, 4]  # halved for the first, unchanged for the second, all again for the third
+        assert all(c.error is None for c in calls[:3])
+        np.testing.assert_allclose(calls[0].outputs("logits")[0], reference(model, [3, 14, 15], 1), atol=1e-4)
+        err = calls[3].error
+        assert err is not None and err.code() == TritonError.INVALID_ARG
+        assert "cpu_share must be an integer >= 1, got 0" in err.message()
+    finally:
+        model.set_threads, model._threads, model._threads_now = saved

@@ -192,3 +192,19 @@ def test_a_non_decoupled_config_is_refused_at_load(tiny_target: Path):
     cfg["model_transaction_policy"] = {"decoupled": False}
     with pytest.raises(ValueError, match="must be decoupled"):
         TritonPythonModel(FakeTriton()).initialize({"model_config": json.dumps(cfg)})
+
+
+def test_models_run_half_their_threads_while_several_requests_speculate(pb, reference):
+    target = pb._models["target"].instance
+    asked: list[int] = []
+    saved = target.set_threads, target._threads, target._threads_now
+    target.set_threads, target._threads, target._threads_now = asked.append, 4, 4
+    try:
+        calls = run(pb, [{"text_input": p, "max_tokens": 24} for p in PROMPTS])
+        assert all(c.error is None for c in calls)
+        assert 2 in asked  # draft and target computed at once: half the threads each
+        (alone,) = run(pb, [{"text_input": PROMPTS[0], "max_tokens": 8}])
+        assert alone.error is None and asked[-1] == 4  # one request: they take turns, all threads again
+        assert text_of(alone) == reference(PROMPTS[0], 8).text  # threads change speed, never tokens
+    finally:
+        target.set_threads, target._threads, target._threads_now = saved

@@ -24,8 +24,10 @@ the repository API. The server's environment carries ``TRTSPEC_STATUS_DIR``
 own HTTP endpoint on loopback), through which ``spec_decode`` reloads a dead
 model: the repository API over HTTP, not ``pb_utils.load_model``, which holds
 up every BLS call of the calling stub while the load runs (measured: 3.6 s). Ports given as 0 are picked free on ``host``. OpenMP
-threads wait passively (``OMP_WAIT_POLICY=PASSIVE`` unless set): the three
-models are processes taking turns on the same cores. The server runs with
+threads spin briefly, then sleep (``OMP_WAIT_POLICY=PASSIVE`` with
+``GOMP_SPINCOUNT=30000``, ``$TRTSPEC_OMP_SPINCOUNT`` to change it, nothing when
+the user sets either): the three models are processes sharing the same cores
+(docs/serving.md, "Threads", has the measurements). The server runs with
 jemalloc (else tcmalloc) preloaded where the library is installed, as Triton's
 documentation advises (``malloc`` / ``$TRTSPEC_TRITON_MALLOC`` choose). Measured
 in the soak (tiny pair, 12.8 req/s plus bursts of 200 req/s): the tritonserver
@@ -63,6 +65,11 @@ MALLOC_ENV = "TRTSPEC_TRITON_MALLOC"  # auto | system | jemalloc | tcmalloc (def
 MALLOC_CHOICES = ("auto", "system", "jemalloc", "tcmalloc")
 # library names ctypes.util.find_library looks up, in order of preference
 _MALLOC_LIBS = {"jemalloc": ("jemalloc",), "tcmalloc": ("tcmalloc_minimal", "tcmalloc")}
+# OpenMP threads of the models spin this many rounds before they sleep (libgomp's
+# GOMP_SPINCOUNT; its default is 300000, PASSIVE is 0). Unset when the user sets
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT for the server.
+OMP_SPIN_ENV = "TRTSPEC_OMP_SPINCOUNT"
+DEFAULT_OMP_SPINCOUNT = 30000
 
 
 class ServerError(TrtspecError):
@@ -102,10 +109,14 @@ class TritonInstall:
             env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *([ld] if ld else [])])
         env.setdefault("PYTHONUNBUFFERED", "1")
         # draft, target and spec_decode are separate processes taking turns on
-        # the same cores; OpenMP threads spinning after each op in one of them
-        # starve the next (measured: 40 tokens, tiny models, 2 cores: 2.3 s
-        # spinning, 0.08 s passive).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # the same cores: OpenMP threads must not spin long after a forward pass
+        # (libgomp's default spins ~300k rounds; measured: 40 tokens, tiny models,
+        # 2 cores: 2.3 s spinning, 0.08 s passive), but sleeping at once after
+        # every op wakes threads hundreds of times per forward pass (demo pair,
+        # concurrency 1, speculation auto: 16.9 tok/s passive, 25.6 with a short spin).
+        if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+            env["GOMP_SPINCOUNT"] = omp_spincount(env.get(OMP_SPIN_ENV))
         return env
 
     def make_backend_dir(self, work_dir: Path) -> Path | None:
@@ -119,6 +130,15 @@ class TritonInstall:
             shutil.copy2(self.python_backend_dir / name, dest / name)
         shutil.copy2(self.stub, dest / "triton_python_backend_stub")
         return dest.parent
+
+
+def omp_spincount(value: str | None) -> str:
+    """The server's ``GOMP_SPINCOUNT``: ``value`` (``$TRTSPEC_OMP_SPINCOUNT``) checked, else the default."""
+    if value is None or value == "":
+        return str(DEFAULT_OMP_SPINCOUNT)
+    if not value.isdigit():
+        raise ServerError(f"{OMP_SPIN_ENV} must be a whole number of spins (0: sleep at once); got {value!r}")
+    return value
 
 
 def malloc_library(choice: str) -> str | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,11 +43,14 @@ _DEAD_STUB = re.compile(r"Stub process .* is not healthy")
 class BLSLanguageModel:
     """A Triton model speaking the draft/target protocol, called through BLS."""
 
-    def __init__(self, pb: Any, model_name: str, vocab_size: int, max_context: int) -> None:
+    def __init__(
+        self, pb: Any, model_name: str, vocab_size: int, max_context: int, cpu_share: Callable[[], int] | None = None
+    ) -> None:
         self._pb = pb
         self.model_name = model_name
         self._vocab = vocab_size
         self._max_context = max_context
+        self._cpu_share = cpu_share  # each call's ``cpu_share`` input (None: not sent, the model's default 1)
 
     @property
     def vocab_size(self) -> int:
@@ -103,11 +106,14 @@ class BLSLanguageModel:
 
     def _inputs(self, session_id: str, token_ids: Sequence[int], num_logits: int) -> list:
         pb = self._pb
-        return [
+        inputs = [
             pb.Tensor("session_id", np.array([session_id.encode()], dtype=np.object_)),
             pb.Tensor("token_ids", np.asarray(token_ids, dtype=np.int64).reshape(-1)),
             pb.Tensor("num_logits", np.array([num_logits], dtype=np.int32)),
         ]
+        if self._cpu_share is not None:
+            inputs.append(pb.Tensor("cpu_share", np.array([self._cpu_share()], dtype=np.int32)))
+        return inputs
 
     def _exec(self, inputs: list, outputs: list[str]) -> list[np.ndarray]:
         pb = self._pb

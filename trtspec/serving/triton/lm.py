@@ -30,6 +30,14 @@ runtime with :mod:`trtspec.control.faults` after the warm-up:
 ``fault_seed``          seed of the fault draws (0)
 ======================  ======================================================
 
+Threads: on CPU the models are processes sharing the same cores. While
+``spec_decode`` runs one request, draft and target take turns and each uses all
+its torch threads; with several requests speculating at once both compute at
+the same time, and each call then says so (input ``cpu_share`` = 2): the model
+runs half its threads, so the two never hold more threads than there are
+cores (OpenMP threads that wait on a descheduled partner waste the core the
+other model needs; see docs/serving.md for the figures).
+
 Unknown parameter keys are refused at load (a typo must not pass silently).
 With ``TRTSPEC_STATUS_DIR`` set (the launcher sets it) the model writes
 ``<dir>/<name>.json``: sessions held, cache bytes, store counters
@@ -81,6 +89,9 @@ class TritonPythonModel:
         self._status_path = None
         self._status_written = 0.0
         self._status_sessions = -1
+        self._threads = 0  # torch threads at load (the most a call may use)
+        self._threads_now = 0
+        self.set_threads: Any = None  # torch.set_num_threads (tests put a recorder here)
 
     # -- Triton entry points -------------------------------------------------
 
@@ -100,6 +111,9 @@ class TritonPythonModel:
         threads = param_int(params, "num_threads", 0)
         if threads > 0:
             torch.set_num_threads(threads)
+        self._threads = self._threads_now = torch.get_num_threads()
+        if self.set_threads is None:
+            self.set_threads = torch.set_num_threads
         max_context = param_int(params, "max_context", 0)
         self.loaded = load_model(
             checkpoint,
@@ -201,6 +215,7 @@ class TritonPythonModel:
             "store": {"calls": s.calls, "hits": s.hits, "misses": s.misses, "evictions": s.evictions,
                       "releases": s.releases},
             "faults": self.faults,
+            "threads": {"now": self._threads_now, "max": self._threads},
         })
 
     # -- one request -------------------------------------------------------------
@@ -218,6 +233,7 @@ class TritonPythonModel:
         if release is not None and bool(release):
             self.store.release(session_id)
             return self._logits(np.zeros((0, vocab), dtype=np.float32))
+        self._share_cpu(_scalar(pb, request, "cpu_share", required=False))
         num_draft = _scalar(pb, request, "num_draft", required=False)
         ids_t = pb.get_input_tensor_by_name(request, "token_ids")
         if ids_t is None:
@@ -236,6 +252,17 @@ class TritonPythonModel:
             raise InvalidRequestError(f"num_logits must be an integer, got {num_logits!r}")
         logits = self.store.run(session_id, ids.reshape(-1), int(num_logits))
         return self._logits(logits.float().cpu().numpy())
+
+    def _share_cpu(self, share: Any) -> None:
+        """Run ``1 / share`` of the load-time threads (at least one) for this call and the next ones."""
+        if share is None:
+            share = 1
+        if isinstance(share, (bool, np.bool_)) or not isinstance(share, (int, np.integer)) or share < 1:
+            raise InvalidRequestError(f"cpu_share must be an integer >= 1, got {share!r}")
+        want = max(1, self._threads // int(share))
+        if want != self._threads_now:
+            self.set_threads(want)
+            self._threads_now = want
 
     def _sampling(self, request: Any) -> SamplingParams:
         def opt(name: str, default: Any) -> Any:
