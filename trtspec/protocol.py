@@ -94,6 +94,8 @@ LM_INPUTS = (
     TensorSpec("top_k", "TYPE_INT32", (1,), True, "with num_draft: 0 (default) disables top-k"),
     TensorSpec("top_p", "TYPE_FP32", (1,), True, "with num_draft: 1.0 (default) disables nucleus sampling"),
     TensorSpec("seed", "TYPE_INT64", (1,), True, "with num_draft, sampling: seed of the draft's generator"),
+    TensorSpec("return_argmax", "TYPE_BOOL", (1,), True,
+               "true: output argmax_ids, the argmax of each of the num_logits rows, instead of the logits"),
     TensorSpec("cpu_share", "TYPE_INT32", (1,), True,
                "models computing at the same time (1 by default): a CPU model runs 1/cpu_share of its threads"),
 )
@@ -102,6 +104,7 @@ LM_OUTPUTS = (
     TensorSpec("logits", "TYPE_FP32", (-1, -1), doc="float32 [num_logits, vocab] ([0, vocab] when proposing)"),
     TensorSpec("draft_ids", "TYPE_INT64", (-1,), doc="with num_draft: the k proposed tokens (else empty)"),
     TensorSpec("draft_probs", "TYPE_FP32", (-1, -1), doc="with num_draft, sampling: [k, vocab] q rows (else [0, vocab])"),
+    TensorSpec("argmax_ids", "TYPE_INT64", (-1,), doc="with return_argmax: [num_logits] argmax tokens (else empty)"),
 )
 
 # Triton error codes by name, for messages and the client.

@@ -22,7 +22,7 @@ def served(tiny_target: Path):
 
 
 def call(pb, session: str, ids, num_logits: int, release: bool | None = None, ids_dtype=np.int64,
-         cpu_share: int | None = None):
+         cpu_share: int | None = None, argmax: bool | None = None):
     inputs = {
         "session_id": np.array([session.encode()], dtype=object),
         "token_ids": np.asarray(ids, dtype=ids_dtype),
@@ -32,6 +32,8 @@ def call(pb, session: str, ids, num_logits: int, release: bool | None = None, id
         inputs["release"] = np.array([release], dtype=bool)
     if cpu_share is not None:
         inputs["cpu_share"] = np.array([cpu_share], dtype=np.int32)
+    if argmax is not None:
+        inputs["return_argmax"] = np.array([argmax], dtype=bool)
     return pb.client_request("target", inputs)
 
 
@@ -135,3 +137,15 @@ def test_cpu_share_runs_a_share_of_the_threads_and_bad_values_are_refused(served
         assert "cpu_share must be an integer >= 1, got 0" in err.message()
     finally:
         model.set_threads, model._threads, model._threads_now = saved
+
+
+def test_return_argmax_answers_the_argmax_of_each_row_instead_of_the_rows(served):
+    pb, model = served
+    seq = [5, 9, 2, 6, 5, 3]
+    calls = [call(pb, "am", seq, 3, argmax=True), call(pb, "lg", seq, 3, argmax=False)]
+    pb.execute("target", calls)
+    assert all(c.error is None for c in calls)
+    ids, logits = calls[0].outputs("argmax_ids")[0], calls[0].outputs("logits")[0]
+    assert ids.dtype == np.int64 and logits.shape == (0, model.store.lm.vocab_size)  # no rows cross
+    assert ids.tolist() == reference(model, seq, 3).argmax(axis=-1).tolist()
+    assert calls[1].outputs("argmax_ids")[0].size == 0 and calls[1].outputs("logits")[0].shape[0] == 3

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trtspec.spec.acceptance import greedy_verify, rejection_sample, warp_probs
+from trtspec.spec.acceptance import greedy_accept, greedy_verify, rejection_sample, warp_probs
 from trtspec.spec.types import SamplingParams
 
 
@@ -30,6 +30,7 @@ def onehot_logits(rows: list[int], vocab: int = 6) -> torch.Tensor:
 )
 def test_greedy_verify(draft, target_argmax, expected):
     assert greedy_verify(torch.tensor(draft, dtype=torch.int64), onehot_logits(target_argmax)) == expected
+    assert greedy_accept(draft, target_argmax) == expected  # from the argmax tokens alone
 
 
 def test_rejection_sample_hand_built_rows():

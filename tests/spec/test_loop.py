@@ -367,3 +367,51 @@ def test_stats_merge_adds_counts_and_positions():
                                           a.drafted_per_position[1] + b.drafted_per_position[1],
                                           b.drafted_per_position[2]]
     assert total.accepted_per_position[2] == b.accepted_per_position[2]
+
+
+class _ArgmaxSession:
+    """A target session that can answer its argmax only (as the BLS target does); counts which way it was asked."""
+
+    def __init__(self, inner, counts: dict) -> None:
+        self.inner, self.counts = inner, counts
+
+    @property
+    def num_cached(self) -> int:
+        return self.inner.num_cached
+
+    def forward(self, token_ids, num_logits):
+        self.counts["logits"] += 1
+        return self.inner.forward(token_ids, num_logits)
+
+    def forward_argmax(self, token_ids, num_logits):
+        self.counts["argmax"] += 1
+        return self.inner.forward(token_ids, num_logits).argmax(dim=-1).tolist()
+
+    def truncate(self, length):
+        self.inner.truncate(length)
+
+    def close(self):
+        self.inner.close()
+
+
+class _ArgmaxLM:
+    def __init__(self, inner) -> None:
+        self.inner, self.counts = inner, {"logits": 0, "argmax": 0}
+        self.vocab_size, self.max_context = inner.vocab_size, inner.max_context
+
+    def new_session(self, session_id: str = ""):
+        return _ArgmaxSession(self.inner.new_session(session_id), self.counts)
+
+
+def test_greedy_verification_asks_a_capable_target_for_its_argmax_only_sampling_for_logits():
+    target = _ArgmaxLM(BigramLM.random(V, seed=0))
+    draft = BigramLM.random(V, seed=0).table  # the target's own table: a draft that agrees
+    r = req(prompt=(3, 4, 5), max_new=30)
+    ref = target_alone(BigramLM.random(V, seed=0), r)
+    out = SpeculativeDecoder(target, BigramLM(draft)).generate(r, FixedDraftLength(3))
+    assert out.token_ids == ref.token_ids and out.stats.drafted_tokens > 0
+    assert target.counts == {"logits": 0, "argmax": out.stats.iterations}
+    sampled = dataclasses.replace(r, sampling=SamplingParams(temperature=0.8, seed=1))
+    target.counts.update(logits=0, argmax=0)
+    out = SpeculativeDecoder(target, BigramLM(draft)).generate(sampled, FixedDraftLength(3))
+    assert target.counts == {"logits": out.stats.iterations, "argmax": 0}  # rejection sampling needs the rows

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from trtspec.spec.drafting import propose_locally
-from trtspec.spec.protocols import DraftProposer, LanguageModel, LMSession
+from trtspec.spec.protocols import ArgmaxForward, DraftProposer, LanguageModel, LMSession
 from trtspec.spec.types import Proposal, SamplingParams
 
 log = logging.getLogger("trtspec.serving.guard")
@@ -163,6 +163,13 @@ class GuardedSession:
 
     def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
         return self._owner.call(lambda: self.inner.forward(token_ids, num_logits))
+
+    def forward_argmax(self, token_ids: Sequence[int], num_logits: int) -> list[int]:
+        """The inner session's ``forward_argmax`` where it has one, else ``forward`` and argmax here."""
+        if isinstance(self.inner, ArgmaxForward):
+            inner: Any = self.inner
+            return self._owner.call(lambda: inner.forward_argmax(token_ids, num_logits))
+        return self.forward(token_ids, num_logits).argmax(dim=-1).tolist()
 
     def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
         if isinstance(self.inner, DraftProposer):

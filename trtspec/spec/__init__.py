@@ -4,10 +4,10 @@ No server and no model library here: runtimes, policies and detokenizers are
 passed in through the protocols in :mod:`trtspec.spec.protocols`.
 """
 
-from trtspec.spec.acceptance import greedy_verify, rejection_sample, warp_probs
+from trtspec.spec.acceptance import greedy_accept, greedy_verify, rejection_sample, warp_probs
 from trtspec.spec.loop import Generation, SpeculativeDecoder
 from trtspec.spec.policy import FixedDraftLength
-from trtspec.spec.protocols import Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
+from trtspec.spec.protocols import ArgmaxForward, Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
 from trtspec.spec.types import (
     FinishReason,
     GenerationRequest,
@@ -20,6 +20,7 @@ from trtspec.spec.types import (
 )
 
 __all__ = [
+    "ArgmaxForward",
     "Detokenizer",
     "DraftLengthPolicy",
     "FinishReason",
@@ -35,6 +36,7 @@ __all__ = [
     "SpeculativeDecoder",
     "StopCriteria",
     "StreamChunk",
+    "greedy_accept",
     "greedy_verify",
     "rejection_sample",
     "warp_probs",

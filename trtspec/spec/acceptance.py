@@ -6,6 +6,8 @@ Pure functions over tensors; no model, no state. Shapes are checked with
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from trtspec.spec.types import SamplingParams
@@ -58,9 +60,17 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     assert target_logits.dim() == 2 and target_logits.shape[0] == k + 1, (
         f"target_logits must be [k+1, vocab] with k={k}, got {tuple(target_logits.shape)}"
     )
-    target_choice = target_logits.argmax(dim=-1)  # [k + 1]
-    matches = (target_choice[:k] == draft_tokens).to(torch.int64)
-    n_accepted = int(matches.cumprod(dim=0).sum()) if k else 0
+    return greedy_accept(draft_tokens.tolist(), target_logits.argmax(dim=-1).tolist())
+
+
+def greedy_accept(draft_tokens: Sequence[int], target_choice: Sequence[int]) -> tuple[int, int]:
+    """:func:`greedy_verify` from the target's argmax tokens ``[k + 1]`` instead of its logits
+    (what a remote target sends back when only greedy acceptance needs its answer)."""
+    k = len(draft_tokens)
+    assert len(target_choice) == k + 1, f"target_choice must hold k+1 = {k + 1} tokens, got {len(target_choice)}"
+    n_accepted = 0
+    while n_accepted < k and int(draft_tokens[n_accepted]) == int(target_choice[n_accepted]):
+        n_accepted += 1
     return n_accepted, int(target_choice[n_accepted])
 
 

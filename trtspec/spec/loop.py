@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterator
 import torch
 
 from trtspec.errors import ContextOverflowError, IncompatibleModelsError
-from trtspec.spec.acceptance import greedy_verify, rejection_sample, warp_probs
+from trtspec.spec.acceptance import greedy_accept, rejection_sample, warp_probs
 from trtspec.spec.drafting import propose
 from trtspec.spec.policy import FixedDraftLength
-from trtspec.spec.protocols import Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
+from trtspec.spec.protocols import ArgmaxForward, Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
 from trtspec.spec.stopping import StopChecker
 from trtspec.spec.types import (
     FinishReason,
@@ -147,6 +147,7 @@ class Generation(Iterator[StreamChunk]):
         tokens = list(req.prompt_ids)
         max_ctx = dec.target.max_context
         target = dec.target.new_session(req.request_id)
+        argmax_only = sp.greedy and isinstance(target, ArgmaxForward)
         draft: LMSession | None = None
         started = clock()
         prefill = True  # the first iteration: the target's prefill, no draft
@@ -191,14 +192,19 @@ class Generation(Iterator[StreamChunk]):
 
                 # 2. verify: committed tokens the target lacks + drafts, ONE pass
                 base = len(tokens)
-                logits = target.forward(tokens[target.num_cached :] + drafted, k + 1)  # [k+1, vocab]
+                fresh = tokens[target.num_cached :] + drafted
                 # 3. accept
-                x = torch.tensor(drafted, dtype=torch.int64)  # [k]
                 if sp.greedy:
-                    n_acc, nxt = greedy_verify(x, logits)
+                    if argmax_only:  # the target answers its argmax tokens, not k + 1 rows of logits
+                        choice = target.forward_argmax(fresh, k + 1)  # type: ignore[union-attr]
+                    else:
+                        choice = target.forward(fresh, k + 1).argmax(dim=-1).tolist()  # [k+1]
+                    n_acc, nxt = greedy_accept(drafted, choice)
                     bonus = k > 0 and n_acc == k
-                    target_tokens = tuple(logits[:k].argmax(dim=-1).tolist())
+                    target_tokens = tuple(choice[:k])
                 else:
+                    logits = target.forward(fresh, k + 1)  # [k+1, vocab]
+                    x = torch.tensor(drafted, dtype=torch.int64)  # [k]
                     p = warp_probs(logits, sp)  # [k+1, vocab]
                     q = q_draft if q_draft is not None else p.new_zeros((0, p.shape[1]))
                     n_acc, nxt, bonus = rejection_sample(x, q, p, gen)

@@ -69,6 +69,21 @@ class DraftProposer(Protocol):
 
 
 @runtime_checkable
+class ArgmaxForward(Protocol):
+    """Optional capability of a target :class:`LMSession`: ``forward`` answering only the argmax.
+
+    Greedy verification needs the target's argmax at each of the ``k + 1``
+    positions, not ``k + 1`` rows of vocabulary logits; a remote target sends
+    ``k + 1`` ids instead (demo pair: 4 bytes instead of 196 KB a row). Must
+    equal ``forward(token_ids, num_logits).argmax(-1)`` exactly (ties included),
+    with the same effect on the cache.
+    """
+
+    def forward_argmax(self, token_ids: Sequence[int], num_logits: int) -> list[int]:
+        ...
+
+
+@runtime_checkable
 class LanguageModel(Protocol):
     """A model the loop can open sequences on."""
 

@@ -65,19 +65,22 @@ class BLSLanguageModel:
         unique = f"{session_id}:{uuid.uuid4().hex[:16]}" if session_id else uuid.uuid4().hex
         return BLSSession(self, unique)
 
-    def call(self, session_id: str, token_ids: Sequence[int], num_logits: int, release: bool = False) -> np.ndarray:
-        """One BLS request; float32 logits ``[num_logits, vocab]``."""
+    def call(
+        self, session_id: str, token_ids: Sequence[int], num_logits: int, release: bool = False, argmax: bool = False
+    ) -> np.ndarray:
+        """One BLS request; float32 logits ``[num_logits, vocab]``, or with ``argmax`` the
+        int64 argmax of each row ``[num_logits]`` (the model computes it: ids cross, not rows)."""
         pb = self._pb
         inputs = self._inputs(session_id, token_ids, num_logits)
         if release:
             inputs.append(pb.Tensor("release", np.array([True], dtype=np.bool_)))
-        (logits,) = self._exec(inputs, ["logits"])
-        if logits.shape != (num_logits, self._vocab):
-            raise BLSError(
-                f"model '{self.model_name}' returned logits of shape {tuple(logits.shape)}, "
-                f"expected ({num_logits}, {self._vocab})"
-            )
-        return logits
+        if argmax:
+            inputs.append(pb.Tensor("return_argmax", np.array([True], dtype=np.bool_)))
+        name, shape = ("argmax_ids", (num_logits,)) if argmax else ("logits", (num_logits, self._vocab))
+        (out,) = self._exec(inputs, [name])
+        if out.shape != shape:
+            raise BLSError(f"model '{self.model_name}' returned {name} of shape {tuple(out.shape)}, expected {shape}")
+        return out
 
     def call_propose(
         self, session_id: str, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None
@@ -149,6 +152,13 @@ class BLSSession:
         return len(self._tokens)
 
     def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
+        return torch.from_numpy(self._run(token_ids, num_logits, argmax=False))
+
+    def forward_argmax(self, token_ids: Sequence[int], num_logits: int) -> list[int]:
+        """``forward(...).argmax(-1)``, computed by the model (see ``ArgmaxForward``)."""
+        return [int(t) for t in self._run(token_ids, num_logits, argmax=True)]
+
+    def _run(self, token_ids: Sequence[int], num_logits: int, argmax: bool) -> np.ndarray:
         if self._closed:
             raise RuntimeError(f"session {self.session_id!r} is closed")
         if len(token_ids) == 0:
@@ -158,9 +168,9 @@ class BLSSession:
         tokens = self._tokens + [int(t) for t in token_ids]
         if len(tokens) > self._model.max_context:
             raise ValueError(f"sequence would hold {len(tokens)} tokens; context is {self._model.max_context}")
-        logits = self._model.call(self.session_id, tokens, num_logits)
+        out = self._model.call(self.session_id, tokens, num_logits, argmax=argmax)
         self._tokens = tokens  # only once the model holds them
-        return torch.from_numpy(logits)
+        return out
 
     def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
         """Draft ``k`` tokens in ONE call (the draft model runs the drafting steps itself)."""

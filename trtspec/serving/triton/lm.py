@@ -251,6 +251,9 @@ class TritonPythonModel:
         if isinstance(num_logits, (bool, np.bool_)) or not isinstance(num_logits, (int, np.integer)):
             raise InvalidRequestError(f"num_logits must be an integer, got {num_logits!r}")
         logits = self.store.run(session_id, ids.reshape(-1), int(num_logits))
+        if bool(_scalar(pb, request, "return_argmax", required=False) or False):
+            empty = np.zeros((0, vocab), np.float32)
+            return self._respond(empty, np.zeros(0, np.int64), empty, logits.argmax(dim=-1).cpu().numpy())
         return self._logits(logits.float().cpu().numpy())
 
     def _share_cpu(self, share: Any) -> None:
@@ -279,13 +282,17 @@ class TritonPythonModel:
         vocab = arr.shape[1] if arr.ndim == 2 else 0
         return self._respond(arr, np.zeros(0, np.int64), np.zeros((0, vocab), np.float32))
 
-    def _respond(self, logits: np.ndarray, draft_ids: np.ndarray, draft_probs: np.ndarray) -> Any:
+    def _respond(
+        self, logits: np.ndarray, draft_ids: np.ndarray, draft_probs: np.ndarray, argmax_ids: np.ndarray | None = None
+    ) -> Any:
         pb = self.pb
         return pb.InferenceResponse(
             output_tensors=[
                 pb.Tensor("logits", np.ascontiguousarray(logits, np.float32)),
                 pb.Tensor("draft_ids", np.ascontiguousarray(draft_ids, np.int64)),
                 pb.Tensor("draft_probs", np.ascontiguousarray(draft_probs, np.float32)),
+                pb.Tensor("argmax_ids", np.ascontiguousarray(
+                    argmax_ids if argmax_ids is not None else np.zeros(0, np.int64), np.int64)),
             ]
         )
 
