@@ -75,10 +75,23 @@ def _sum(samples: dict, name: str, **match: str) -> float:
     return sum(v for (n, labels), v in samples.items() if n == name and all((k, v2) in labels for k, v2 in match.items()))
 
 
+def _scrape_once_finished(server: TritonServer, before: dict, requests: int, timeout_s: float = 10.0) -> dict:
+    """The metrics once ``requests`` more requests were recorded as finished: a request's
+    outcome is recorded just AFTER its final response is sent, so a scrape right after the
+    client's last answer can miss the last one (seen in CI: 7 of 8)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = _scrape(server)
+        done = _sum(after, "trtspec_requests_total", model=MODEL) - _sum(before, "trtspec_requests_total", model=MODEL)
+        if done >= requests or time.monotonic() > deadline:
+            return after
+        time.sleep(0.05)
+
+
 def test_metrics_port_agrees_with_per_request_outputs(triton: TritonServer, send) -> None:
     before = _scrape(triton)
     results = send(8, 24)
-    after = _scrape(triton)
+    after = _scrape_once_finished(triton, before, len(results))
     delta = lambda name, **m: _sum(after, name, **m) - _sum(before, name, **m)  # noqa: E731
 
     total = lambda key: sum(getattr(r, key) for _, r in results)  # noqa: E731
