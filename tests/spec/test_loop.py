@@ -264,25 +264,36 @@ def test_the_request_is_never_mutated():
     ],
 )
 def test_sampled_loop_output_follows_the_target_distribution(sampling):
-    """Joint distribution of the first two emitted tokens equals the target's,
-    P(t1, t2) = p(t1 | prompt) p(t2 | t1), with the same warp applied."""
+    """Joint distribution of the 2nd and 3rd emitted tokens equals the target's, with the same warp.
+
+    The first iteration is the target's prefill (k = 0); with 3 tokens the second drafts one token,
+    so both rejection sampling and the bonus token are exercised."""
     vocab = 6
     target = BigramLM.random(vocab, seed=21, sharpness=1.5)
     draft = BigramLM.random(vocab, seed=22, sharpness=1.5)
+    _assert_follows_the_target(SpeculativeDecoder(target, draft), target.table, sampling)
+
+
+def _assert_follows_the_target(dec: SpeculativeDecoder, table: torch.Tensor, sampling: SamplingParams) -> None:
+    """P(t2, t3) = sum_t1 p(t1 | 0) p(t2 | t1) p(t3 | t2) over 5000 seeded requests, and drafts were kept."""
     from trtspec.spec.acceptance import warp_probs
 
-    p = warp_probs(target.table, sampling)  # [vocab, vocab], row = previous token
-    expected = (p[0][:, None] * p).flatten()  # prompt ends in token 0
+    vocab = table.shape[0]
+    p = warp_probs(table, sampling)  # [vocab, vocab], row = previous token
+    expected = ((p[0] @ p)[:, None] * p).flatten()  # prompt ends in token 0
     n = 5000
     counts = torch.zeros(vocab * vocab)
-    dec = SpeculativeDecoder(target, draft)
+    accepted = 0
     for seed in range(n):
-        r = GenerationRequest((0,), StopCriteria(2), dataclasses.replace(sampling, seed=seed))
-        t1, t2 = dec.generate(r, FixedDraftLength(2)).token_ids
-        counts[t1 * vocab + t2] += 1
+        r = GenerationRequest((0,), StopCriteria(3), dataclasses.replace(sampling, seed=seed))
+        out = dec.generate(r, FixedDraftLength(2))
+        _, t2, t3 = out.token_ids
+        counts[t2 * vocab + t3] += 1
+        accepted += out.stats.accepted_tokens
     freq = counts / n
     se = torch.sqrt(expected * (1 - expected) / n)
     assert ((freq - expected).abs() <= 5 * se + 0.002).all(), (freq - expected).abs().max()
+    assert accepted > n // 20  # drafts were checked and many kept: acceptance was exercised
 
 
 def test_sampling_is_deterministic_under_a_seed():
@@ -293,6 +304,26 @@ def test_sampling_is_deterministic_under_a_seed():
     b = dec.generate(r, FixedDraftLength(3)).token_ids
     c = dec.generate(dataclasses.replace(r, sampling=SamplingParams(temperature=1.0, seed=43)), FixedDraftLength(3))
     assert a == b and a != c.token_ids
+
+
+class _Wrapped:
+    """A session passing every call to ``s``; the test doubles below add or replace one capability."""
+
+    def __init__(self, s) -> None:
+        self.s = s
+
+    @property
+    def num_cached(self) -> int:
+        return self.s.num_cached
+
+    def forward(self, ids, n):
+        return self.s.forward(ids, n)
+
+    def truncate(self, n):
+        self.s.truncate(n)
+
+    def close(self):
+        self.s.close()
 
 
 class _OneCallDraft:
@@ -313,29 +344,13 @@ class _OneCallDraft:
     def new_session(self, session_id: str = ""):
         owner = self
 
-        class Session:
-            def __init__(self) -> None:
-                self.s = owner.inner.new_session(session_id)
-
-            @property
-            def num_cached(self) -> int:
-                return self.s.num_cached
-
-            def forward(self, ids, n):
-                return self.s.forward(ids, n)
-
-            def truncate(self, n):
-                self.s.truncate(n)
-
-            def close(self):
-                self.s.close()
-
+        class Session(_Wrapped):
             def propose(self, ids, k, sampling, seed):
                 owner.propose_calls += 1
                 gen = torch.Generator().manual_seed(seed) if seed is not None else None
                 return propose_locally(self.s, ids, k, sampling, gen)
 
-        return Session()
+        return Session(self.inner.new_session(session_id))
 
 
 def test_a_one_call_proposer_is_used_and_stays_exact():
@@ -415,3 +430,60 @@ def test_greedy_verification_asks_a_capable_target_for_its_argmax_only_sampling_
     target.counts.update(logits=0, argmax=0)
     out = SpeculativeDecoder(target, BigramLM(draft)).generate(sampled, FixedDraftLength(3))
     assert target.counts == {"logits": out.stats.iterations, "argmax": 0}  # rejection sampling needs the rows
+
+
+class _MatchingTarget:
+    """A target whose sessions verify drafts themselves, as a TensorRT-LLM engine built for
+    external draft tokens does: it draws its own token at each of the k + 1 positions (greedy:
+    argmax) and keeps drafts while they equal it. Never asked for logits."""
+
+    def __init__(self, inner: BigramLM) -> None:
+        self.inner = inner
+        self.vocab_size, self.max_context = inner.vocab_size, inner.max_context
+        self.verify_calls: list[tuple[int, int]] = []  # (tokens appended, drafts)
+
+    def new_session(self, session_id: str = ""):
+        owner = self
+
+        class Session(_Wrapped):
+            def forward(self, ids, n):
+                raise AssertionError("a verifying target is never asked for logits")
+
+            def verify(self, ids, drafted, sampling, seed):
+                owner.verify_calls.append((len(ids), len(drafted)))
+                from trtspec.spec.acceptance import sample, warp_probs
+
+                gen = torch.Generator().manual_seed(seed) if seed is not None else None
+                rows = self.s.forward(list(ids) + list(drafted), len(drafted) + 1)
+                n = 0
+                while True:
+                    row = rows[n : n + 1]
+                    y = int(row.argmax()) if sampling.greedy else sample(warp_probs(row, sampling)[0], gen)
+                    if n == len(drafted) or y != drafted[n]:
+                        self.s.truncate(self.s.num_cached - len(drafted) + n)
+                        return n, y
+                    n += 1
+
+        return Session(self.inner.new_session(session_id))
+
+
+def test_a_verifying_target_decides_acceptance_and_greedy_output_is_exact():
+    target = _MatchingTarget(BigramLM.random(V, seed=4))
+    draft = BigramLM(BigramLM.random(V, seed=4).table)  # agrees with the target
+    r = req(prompt=(2, 7), max_new=30)
+    ref = target_alone(BigramLM.random(V, seed=4), r)
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(4))
+    assert out.token_ids == ref.token_ids
+    assert out.stats.accepted_tokens == out.stats.drafted_tokens > 0  # a perfect draft: all kept
+    assert len(target.verify_calls) == out.stats.iterations  # one call per iteration, the first with k = 0
+    assert target.verify_calls[0] == (2, 0) and all(k == 4 for _, k in target.verify_calls[1:-1])
+    bad = SpeculativeDecoder(target, BigramLM.random(V, seed=9)).generate(r, FixedDraftLength(3))
+    assert bad.token_ids == ref.token_ids and bad.stats.accepted_tokens < bad.stats.drafted_tokens
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)])
+def test_token_matching_by_a_verifying_target_follows_the_target_distribution(sampling):
+    """As the rejection-sampling test above, with acceptance decided by the target (token matching)."""
+    table = BigramLM.random(6, seed=21, sharpness=1.5)
+    draft = BigramLM.random(6, seed=22, sharpness=1.5)
+    _assert_follows_the_target(SpeculativeDecoder(_MatchingTarget(table), draft), table.table, sampling)

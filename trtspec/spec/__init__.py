@@ -7,7 +7,14 @@ passed in through the protocols in :mod:`trtspec.spec.protocols`.
 from trtspec.spec.acceptance import greedy_accept, greedy_verify, rejection_sample, warp_probs
 from trtspec.spec.loop import Generation, SpeculativeDecoder
 from trtspec.spec.policy import FixedDraftLength
-from trtspec.spec.protocols import ArgmaxForward, Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
+from trtspec.spec.protocols import (
+    ArgmaxForward,
+    Detokenizer,
+    DraftLengthPolicy,
+    DraftVerifier,
+    LanguageModel,
+    LMSession,
+)
 from trtspec.spec.types import (
     FinishReason,
     GenerationRequest,
@@ -21,6 +28,7 @@ from trtspec.spec.types import (
 
 __all__ = [
     "ArgmaxForward",
+    "DraftVerifier",
     "Detokenizer",
     "DraftLengthPolicy",
     "FinishReason",

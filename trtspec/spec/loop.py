@@ -15,6 +15,12 @@ by the policy:
 ``k == 0`` is a plain target decoding step through the same code path, so
 "target alone" and "speculative" differ only in the policy.
 
+A target session with the :class:`~trtspec.spec.protocols.DraftVerifier`
+capability does steps 2-3 itself (a TensorRT-LLM engine built for external
+draft tokens): it gets the tokens and the drafts and answers how many it kept
+and the token after them; the loop then only commits. Rejection traces of such a
+target hold its choices up to the first rejection (the engine sends no more).
+
 The first iteration is always ``k == 0``: the target's prefill gives the first
 token at once, so speculation never delays the first token (through Triton on
 the demo pair, drafting in the first iteration took time to first token from
@@ -34,7 +40,14 @@ from trtspec.errors import ContextOverflowError, IncompatibleModelsError
 from trtspec.spec.acceptance import greedy_accept, rejection_sample, warp_probs
 from trtspec.spec.drafting import propose
 from trtspec.spec.policy import FixedDraftLength
-from trtspec.spec.protocols import ArgmaxForward, Detokenizer, DraftLengthPolicy, LanguageModel, LMSession
+from trtspec.spec.protocols import (
+    ArgmaxForward,
+    Detokenizer,
+    DraftLengthPolicy,
+    DraftVerifier,
+    LanguageModel,
+    LMSession,
+)
 from trtspec.spec.stopping import StopChecker
 from trtspec.spec.types import (
     FinishReason,
@@ -147,6 +160,7 @@ class Generation(Iterator[StreamChunk]):
         tokens = list(req.prompt_ids)
         max_ctx = dec.target.max_context
         target = dec.target.new_session(req.request_id)
+        verifier = isinstance(target, DraftVerifier)  # the target accepts drafts itself
         argmax_only = sp.greedy and isinstance(target, ArgmaxForward)
         draft: LMSession | None = None
         started = clock()
@@ -194,7 +208,12 @@ class Generation(Iterator[StreamChunk]):
                 base = len(tokens)
                 fresh = tokens[target.num_cached :] + drafted
                 # 3. accept
-                if sp.greedy:
+                if verifier:  # the target decides; it answers the accepted drafts and one token
+                    seed = None if sp.greedy else int(torch.randint(0, 2**62, (1,), generator=gen))
+                    n_acc, nxt = target.verify(fresh[: len(fresh) - k], drafted, sp, seed)  # type: ignore[union-attr]
+                    bonus = k > 0 and n_acc == k
+                    target_tokens = tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ())
+                elif sp.greedy:
                     if argmax_only:  # the target answers its argmax tokens, not k + 1 rows of logits
                         choice = target.forward_argmax(fresh, k + 1)  # type: ignore[union-attr]
                     else:

@@ -84,6 +84,30 @@ class ArgmaxForward(Protocol):
 
 
 @runtime_checkable
+class DraftVerifier(Protocol):
+    """Optional capability of a target :class:`LMSession`: accept or reject drafts itself.
+
+    For targets that decide acceptance in the engine (a TensorRT-LLM engine built
+    for external draft tokens answers the accepted drafts plus one token; it
+    sends no logits). ``verify`` appends ``token_ids`` (committed tokens the
+    cache lacks, at least one) and checks ``drafted`` (possibly empty) after
+    them in ONE call, returning ``(n_accepted, next_token)``:
+
+    - greedy: exactly :func:`~trtspec.spec.acceptance.greedy_accept` on the
+      target's argmax at the ``k + 1`` positions;
+    - sampling: every emitted token distributed as the target alone would draw
+      it (token matching or rejection sampling), using randomness from ``seed``.
+
+    Afterwards the cache holds ``token_ids`` plus the accepted drafts.
+    """
+
+    def verify(
+        self, token_ids: Sequence[int], drafted: Sequence[int], sampling: SamplingParams, seed: int | None
+    ) -> tuple[int, int]:
+        ...
+
+
+@runtime_checkable
 class LanguageModel(Protocol):
     """A model the loop can open sequences on."""
 
