@@ -86,3 +86,17 @@ def test_pbtxt_strings_are_escaped():
         'parameters: { key: "p" value: { string_value: "a \\"quoted\\" \\\\ path\\nx" } }\n'
     )
     assert "TritonPythonModel" in model_py("x.y")
+
+
+def test_a_tensorrtllm_repo_has_spec_decode_only_and_drops_our_torch_models(tmp_path: Path, tiny_target: Path,
+                                                                             tiny_draft: Path) -> None:
+    repo = write_model_repo(tmp_path / "repo", target_checkpoint=tiny_target, draft_checkpoint=tiny_draft)
+    assert (repo / "target" / "1" / "model.py").is_file() and (repo / "draft" / "1" / "model.py").is_file()
+    (repo / "target" / "config.pbtxt").write_text('backend: "tensorrtllm"\n')  # as the TensorRT-LLM build writes it
+    write_model_repo(repo, target_checkpoint=tiny_target, draft_checkpoint=tiny_draft, model_backend="tensorrtllm")
+    assert not (repo / "target" / "1" / "model.py").exists() and not (repo / "draft" / "1" / "model.py").exists()
+    assert (repo / "target" / "config.pbtxt").read_text() == 'backend: "tensorrtllm"\n'  # not ours to write
+    text = (repo / "spec_decode" / "config.pbtxt").read_text()
+    assert 'key: "model_backend" value: { string_value: "tensorrtllm" }' in text
+    with pytest.raises(ValueError, match="model_backend must be python or tensorrtllm"):
+        write_model_repo(repo, target_checkpoint=tiny_target, model_backend="vllm")

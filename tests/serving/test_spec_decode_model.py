@@ -11,6 +11,7 @@ import pytest
 
 from trtspec.serving.triton.spec_decode import TritonPythonModel
 from trtspec.testing.fake_triton import FakeTriton, TritonError, fake_deployment
+from trtspec.testing.fake_triton import final_value, run_batch as run, text_of
 
 MAX_TOKENS_LIMIT = 200  # the tiny models hold 256 tokens
 PROMPTS = ("The quick brown fox", "Hello world! How are", "Numbers 0 1 2", "def f(x):")
@@ -25,24 +26,6 @@ def pb(tiny_target: Path, tiny_draft: Path, static_policy: Path):
     fake.finalize()
 
 
-def final_value(call, name):
-    (arr,) = call.outputs(name)[-1:]
-    assert arr.shape[0] == 1, "batch-first outputs"
-    v = arr.reshape(-1)
-    return v if name == "output_ids" else v[0]
-
-
-def text_of(call) -> str:
-    return "".join(t.reshape(-1)[0].decode() for t in call.outputs("text_output"))
-
-
-def run(pb: FakeTriton, requests: list[dict]):
-    calls = [pb.client_request("spec_decode", r, request_id=f"r{i}") for i, r in enumerate(requests)]
-    pb.execute("spec_decode", calls)  # ONE execute, as dynamic batching delivers them
-    for c in calls:
-        c.wait(60)
-        assert c.sender.final_count == 1, "final flag exactly once per request"
-    return calls
 
 
 def test_warm_up_runs_the_loop_without_touching_the_models(pb):

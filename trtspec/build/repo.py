@@ -66,8 +66,12 @@ def spec_decode_config(
     manifest_file: str = "",
     instances: int = 1,
     parameters: Mapping[str, Any] | None = None,
+    model_backend: str = "python",
 ) -> dict:
     """``spec_decode``'s model config, in the JSON form Triton hands to ``initialize``.
+
+    ``model_backend``: what ``draft``/``target`` are (``python``: our torch models;
+    ``tensorrtllm``: TensorRT-LLM engines, :mod:`trtspec.serving.triton.trtllm_bls`).
 
     ``parameters``: further model parameters (reliability knobs such as ``draft_timeout_s``,
     ``supervise``, ``max_queue``; see :mod:`trtspec.serving.triton.spec_decode`), values as strings.
@@ -76,6 +80,7 @@ def spec_decode_config(
         "tokenizer_dir": tokenizer_dir,
         "target_model": TARGET,
         "draft_model": DRAFT if draft_max_context else "",
+        "model_backend": model_backend,
         "vocab_size": str(vocab_size),
         "target_max_context": str(target_max_context),
         "draft_max_context": str(draft_max_context or 0),
@@ -163,6 +168,8 @@ def _fields(d: Mapping[str, Any]) -> str:
     for k, v in d.items():
         if isinstance(v, list):
             parts.append(f"{k}: [ {', '.join(str(x) for x in v)} ]")
+        elif isinstance(v, Mapping):
+            parts.append(f"{k} {{ {_fields(v)} }}")
         else:
             parts.append(f"{k}: {_scalar(k, v)}")
     return " ".join(parts)
@@ -235,6 +242,7 @@ def write_model_repo(
     spec_decode_parameters: Mapping[str, Any] | None = None,
     target_parameters: Mapping[str, Any] | None = None,
     draft_parameters: Mapping[str, Any] | None = None,
+    model_backend: str = "python",
 ) -> Path:
     """Write ``spec_decode/``, ``target/`` and (with a draft) ``draft/`` into ``repo_dir``; return it.
 
@@ -264,6 +272,10 @@ def write_model_repo(
             model parameters per model (e.g. ``{"draft_timeout_s": 0.2}``,
             the draft's ``{"fault_wrong_share": 0.5}``); the models refuse
             keys they do not know at load.
+        model_backend: ``python`` (the torch runtime's ``target``/``draft`` models,
+            written here) or ``tensorrtllm`` (only ``spec_decode`` is written here,
+            configured for TensorRT-LLM engines; their ``tensorrtllm`` configs come
+            from :func:`trtspec.build.trtllm.write_trtllm_model`).
 
     Raises:
         CheckpointError: a checkpoint or file is missing or unreadable.
@@ -286,6 +298,8 @@ def write_model_repo(
             raise CheckpointError(f"{label} not found: {f}")
         extra[label] = str(Path(f).expanduser().resolve()) if f is not None else ""
 
+    if model_backend not in ("python", "tensorrtllm"):
+        raise ValueError(f"model_backend must be python or tensorrtllm, got {model_backend!r}")
     configs = {
         SPEC_DECODE: spec_decode_config(
             tokenizer_dir=str(tok_dir),
@@ -299,6 +313,7 @@ def write_model_repo(
             warmup=warmup,
             instances=spec_decode_instances,
             parameters=spec_decode_parameters,
+            model_backend=model_backend,
             **extra,
         ),
         TARGET: lm_config(
@@ -314,7 +329,13 @@ def write_model_repo(
             parameters=target_parameters,
         ),
     }
-    if draft_dir is not None:
+    if model_backend == "tensorrtllm":
+        del configs[TARGET]
+        for name in (TARGET, DRAFT):  # our Python shims from an earlier torch build: unused by tensorrtllm, dropped
+            shim = repo / name / "1" / "model.py"
+            if shim.is_file() and shim.read_text() == model_py(SHIMS[name]):
+                shim.unlink()
+    elif draft_dir is not None:
         configs[DRAFT] = lm_config(
             DRAFT,
             checkpoint=str(draft_dir.resolve()),

@@ -11,8 +11,10 @@ Targets TensorRT-LLM 1.2.x, the last line with the TensorRT engine path
 2. ``trtllm-build``: the target for external draft tokens
    (``--speculative_decoding_mode draft_tokens_external --max_draft_len K``),
    both with a paged KV cache and paged context FMHA (needed for KV reuse,
-   which draft-target speculation relies on); the draft plain, gathering its
-   generation logits so rejection sampling can use them.
+   which draft-target speculation relies on); the draft plain. Neither
+   gathers generation logits: ``spec_decode`` sends the target the draft's
+   tokens only, and the target engine accepts by token matching
+   (:mod:`trtspec.serving.triton.trtllm_bls`), so no logits cross.
 
 The Triton side: one ``tensorrtllm``-backend model per engine (``target``,
 ``draft``), in-flight fused batching, KV reuse on, and the memory plan's
@@ -129,7 +131,6 @@ def engine_specs(
         engine_dir=engine_root / "draft",
         architecture=draft_arch,
         weight_only_int8=draft_int8,
-        gather_generation_logits=True,
         **common,
     )
     return target, draft
@@ -259,44 +260,44 @@ _OUTPUTS = (
 )
 
 
+def tensorrtllm_model_config(cfg: TrtllmModelConfig) -> dict:
+    """The config of one ``tensorrtllm``-backend model in Triton's JSON form, filled from the build."""
+
+    def dims(text: str) -> list[int]:
+        return [int(d) for d in text.split(",")]
+
+    inputs = []
+    for name, dtype, shape, optional, scalar, ragged in _INPUTS:
+        spec: dict = {"name": name, "data_type": dtype, "dims": dims(shape)}
+        if scalar:
+            spec["reshape"] = {"shape": []}
+        if optional:
+            spec["optional"] = True
+        if ragged:
+            spec["allow_ragged_batch"] = True
+        inputs.append(spec)
+    return {
+        "name": cfg.name,
+        "backend": "tensorrtllm",
+        "max_batch_size": cfg.max_batch_size,
+        "model_transaction_policy": {"decoupled": cfg.decoupled},
+        "dynamic_batching": {
+            "preferred_batch_size": [cfg.max_batch_size],
+            "max_queue_delay_microseconds": cfg.max_queue_delay_microseconds,
+        },
+        "input": inputs,
+        "output": [{"name": n, "data_type": t, "dims": dims(d)} for n, t, d in _OUTPUTS],
+        "instance_group": [{"count": cfg.instance_count, "kind": "KIND_CPU"}],
+        "parameters": {key: {"string_value": value} for key, value in cfg.parameters().items()},
+    }
+
+
 def tensorrtllm_config_pbtxt(cfg: TrtllmModelConfig) -> str:
     """The ``config.pbtxt`` of one ``tensorrtllm``-backend model, filled from the build."""
-    lines = [
-        "# Written by `trtspec build` (TensorRT-LLM backend); rebuild rather than edit.",
-        f'name: "{cfg.name}"',
-        'backend: "tensorrtllm"',
-        f"max_batch_size: {cfg.max_batch_size}",
-        "",
-        "model_transaction_policy {",
-        f"  decoupled: {'true' if cfg.decoupled else 'false'}",
-        "}",
-        "",
-        "dynamic_batching {",
-        f"  preferred_batch_size: [ {cfg.max_batch_size} ]",
-        f"  max_queue_delay_microseconds: {cfg.max_queue_delay_microseconds}",
-        "}",
-        "",
-        "input [",
-    ]
-    blocks = []
-    for name, dtype, dims, optional, scalar, ragged in _INPUTS:
-        b = [f'    name: "{name}"', f"    data_type: {dtype}", f"    dims: [ {dims} ]"]
-        if scalar:
-            b.append("    reshape: { shape: [ ] }")
-        if optional:
-            b.append("    optional: true")
-        if ragged:
-            b.append("    allow_ragged_batch: true")
-        blocks.append("  {\n" + "\n".join(b) + "\n  }")
-    lines.append(",\n".join(blocks))
-    lines += ["]", "output ["]
-    lines.append(",\n".join(
-        f'  {{\n    name: "{n}"\n    data_type: {t}\n    dims: [ {d} ]\n  }}' for n, t, d in _OUTPUTS
-    ))
-    lines += ["]", "instance_group [", "  {", f"    count: {cfg.instance_count}", "    kind: KIND_CPU", "  }", "]"]
-    for key, value in cfg.parameters().items():
-        lines += ["parameters: {", f'  key: "{key}"', "  value: {", f'    string_value: "{value}"', "  }", "}"]
-    return "\n".join(lines) + "\n"
+    from trtspec.build.repo import render_pbtxt
+
+    return ("# Written by `trtspec build` (TensorRT-LLM backend); rebuild rather than edit.\n"
+            + render_pbtxt(tensorrtllm_model_config(cfg)))
 
 
 def write_trtllm_model(repo_dir: Path, cfg: TrtllmModelConfig) -> Path:

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from trtspec.spec.drafting import propose_locally
-from trtspec.spec.protocols import ArgmaxForward, DraftProposer, LanguageModel, LMSession
+from trtspec.spec.protocols import ArgmaxForward, DraftProposer, DraftVerifier, LanguageModel, LMSession
 from trtspec.spec.types import Proposal, SamplingParams
 
 log = logging.getLogger("trtspec.serving.guard")
@@ -85,7 +85,10 @@ class GuardedModel:
         return self.inner.max_context
 
     def new_session(self, session_id: str = "") -> GuardedSession:
-        return GuardedSession(self.inner.new_session(session_id), self)
+        inner = self.inner.new_session(session_id)
+        # A verifying target stays one (the loop asks ``isinstance(session, DraftVerifier)``).
+        cls = GuardedVerifyingSession if isinstance(inner, DraftVerifier) else GuardedSession
+        return cls(inner, self)
 
     def call(self, fn: Callable[[], T], k: int = 0) -> T:
         """``fn()`` under the deadline, reported to the hooks."""
@@ -194,3 +197,13 @@ def _close_quietly(session: LMSession) -> None:
         session.close()
     except Exception as e:  # best effort: LRU eviction frees it otherwise
         log.debug("release failed: %s", e)
+
+
+class GuardedVerifyingSession(GuardedSession):
+    """A :class:`GuardedSession` of a session that verifies drafts itself (a ``DraftVerifier``)."""
+
+    def verify(
+        self, token_ids: Sequence[int], drafted: Sequence[int], sampling: SamplingParams, seed: int | None
+    ) -> tuple[int, int]:
+        inner: Any = self.inner
+        return self._owner.call(lambda: inner.verify(token_ids, drafted, sampling, seed))

@@ -487,7 +487,7 @@ def _check_inputs(config: Mapping, request: InferenceRequest) -> str | None:
         if arr.dtype != want and not (want == np.object_ and arr.dtype.kind in "OSU"):
             return f"inference input '{name}' data-type is '{arr.dtype}', but model '{model}' expects '{spec['data_type']}'"
         batched = int(config.get("max_batch_size", 0)) > 0
-        dims = list(spec["dims"])
+        dims = [int(d) for d in spec["dims"]]  # Triton's JSON writes int64 dims as strings
         shape = list(arr.shape[1:] if batched else arr.shape)
         if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
             return f"unexpected shape for input '{name}' for model '{model}'. Expected {dims}, got {list(arr.shape)}"
@@ -521,3 +521,30 @@ def fake_deployment(
                  spec_decode_config(tokenizer_dir=str(target_dir), vocab_size=vocab, target_max_context=target_ctx,
                                     draft_max_context=draft_ctx, **options))
     return pb
+
+
+# -- helpers for tests of spec_decode ----------------------------------------------------------
+
+
+def run_batch(pb: FakeTriton, requests: list[dict], model: str = "spec_decode") -> list[ClientCall]:
+    """``requests`` in ONE execute (as dynamic batching delivers them); each waited for, and
+    checked to have received the final flag exactly once."""
+    calls = [pb.client_request(model, r, request_id=f"r{i}") for i, r in enumerate(requests)]
+    pb.execute(model, calls)
+    for c in calls:
+        c.wait(60)
+        assert c.sender.final_count == 1, "final flag exactly once per request"
+    return calls
+
+
+def final_value(call: ClientCall, name: str) -> Any:
+    """Output ``name`` of the final response: ``output_ids`` as an array, others as a scalar."""
+    (arr,) = call.outputs(name)[-1:]
+    assert arr.shape[0] == 1, "batch-first outputs"
+    v = arr.reshape(-1)
+    return v if name == "output_ids" else v[0]
+
+
+def text_of(call: ClientCall) -> str:
+    """All ``text_output`` of a request, joined."""
+    return "".join(t.reshape(-1)[0].decode() for t in call.outputs("text_output"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -40,17 +40,33 @@ class StubDeadError(BLSError):
 _DEAD_STUB = re.compile(r"Stub process .* is not healthy")
 
 
-class BLSLanguageModel:
-    """A Triton model speaking the draft/target protocol, called through BLS."""
+class RemoteModel(Protocol):
+    """A draft or target in its own Triton model, as ``spec_decode`` drives and supervises it:
+    a :class:`~trtspec.spec.protocols.LanguageModel` with a name and a probe."""
 
-    def __init__(
-        self, pb: Any, model_name: str, vocab_size: int, max_context: int, cpu_share: Callable[[], int] | None = None
-    ) -> None:
+    model_name: str
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    def new_session(self, session_id: str = "") -> Any: ...
+
+    def probe(self) -> None:
+        """One small real call through BLS; raises :class:`BLSError` when the model does not answer."""
+        ...
+
+
+class BLSModel:
+    """A Triton model ``spec_decode`` calls through BLS: its name and what sequences it holds."""
+
+    def __init__(self, pb: Any, model_name: str, vocab_size: int, max_context: int) -> None:
         self._pb = pb
         self.model_name = model_name
         self._vocab = vocab_size
         self._max_context = max_context
-        self._cpu_share = cpu_share  # each call's ``cpu_share`` input (None: not sent, the model's default 1)
 
     @property
     def vocab_size(self) -> int:
@@ -59,6 +75,16 @@ class BLSLanguageModel:
     @property
     def max_context(self) -> int:
         return self._max_context
+
+
+class BLSLanguageModel(BLSModel):
+    """A Triton model speaking the draft/target protocol, called through BLS."""
+
+    def __init__(
+        self, pb: Any, model_name: str, vocab_size: int, max_context: int, cpu_share: Callable[[], int] | None = None
+    ) -> None:
+        super().__init__(pb, model_name, vocab_size, max_context)
+        self._cpu_share = cpu_share  # each call's ``cpu_share`` input (None: not sent, the model's default 1)
 
     def new_session(self, session_id: str = "") -> BLSSession:
         # Client request ids may repeat or be empty; the session id must not.
@@ -118,31 +144,45 @@ class BLSLanguageModel:
             inputs.append(pb.Tensor("cpu_share", np.array([self._cpu_share()], dtype=np.int32)))
         return inputs
 
+    def probe(self) -> None:
+        """A real forward (two tokens, one row of logits), then the release: what the supervisor asks."""
+        sid = f"__trtspec_probe__:{uuid.uuid4().hex[:12]}"
+        self.call(sid, [1, 2], 1)
+        self.call(sid, [], 0, release=True)
+
     def _exec(self, inputs: list, outputs: list[str]) -> list[np.ndarray]:
-        pb = self._pb
-        request = pb.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=outputs)
-        try:
-            response = request.exec()
-        except Exception as e:  # the stub raises when the model is missing or not ready
-            raise BLSError(f"model '{self.model_name}' is unavailable: {_one_line(e)}") from e
-        if response.has_error():
-            message = _one_line(response.error().message())
-            error = StubDeadError if _DEAD_STUB.search(message) else BLSError
-            raise error(f"model '{self.model_name}' failed: {message}")
-        arrays = []
-        for name in outputs:
-            out = pb.get_output_tensor_by_name(response, name)
-            if out is None:
-                raise BLSError(f"model '{self.model_name}' returned no '{name}' output")
-            arrays.append(np.array(out.as_numpy(), copy=True))  # own it: the response's memory is released
-        return arrays
+        return exec_bls(self._pb, self.model_name, inputs, outputs)
 
 
-class BLSSession:
-    """One sequence on a :class:`BLSLanguageModel`; see the module docstring."""
+def exec_bls(pb: Any, model_name: str, inputs: list, outputs: list[str]) -> list[np.ndarray]:
+    """One BLS request to ``model_name``; the named outputs as owned arrays, or :class:`BLSError`
+    (:class:`StubDeadError` for a dead Python stub) with the model's one-line message."""
+    request = pb.InferenceRequest(model_name=model_name, inputs=inputs, requested_output_names=outputs)
+    try:
+        response = request.exec()
+    except Exception as e:  # the stub raises when the model is missing or not ready
+        raise BLSError(f"model '{model_name}' is unavailable: {_one_line(e)}") from e
+    if response.has_error():
+        message = _one_line(response.error().message())
+        error = StubDeadError if _DEAD_STUB.search(message) else BLSError
+        raise error(f"model '{model_name}' failed: {message}")
+    arrays = []
+    for name in outputs:
+        out = pb.get_output_tensor_by_name(response, name)
+        if out is None:
+            raise BLSError(f"model '{model_name}' returned no '{name}' output")
+        arrays.append(np.array(out.as_numpy(), copy=True))  # own it: the response's memory is released
+    return arrays
 
-    def __init__(self, model: BLSLanguageModel, session_id: str) -> None:
-        self._model = model
+
+class RemoteSequence:
+    """One sequence on a remote model, from the caller's side: the tokens the model is known to
+    hold for it. Calls name the whole sequence; ``truncate`` only shortens the list (the model sees
+    the rollback on the next call, as the common prefix of old and new)."""
+
+    def __init__(self, model_name: str, max_context: int, session_id: str) -> None:
+        self._model_name = model_name
+        self._limit = max_context
         self.session_id = session_id
         self._tokens: list[int] = []
         self._closed = False
@@ -150,6 +190,31 @@ class BLSSession:
     @property
     def num_cached(self) -> int:
         return len(self._tokens)
+
+    def _extend(self, token_ids: Sequence[int], extra: int = 0) -> list[int]:
+        """The whole sequence after appending ``token_ids`` (at least one), checked to leave room for
+        ``extra`` more tokens; the session is unchanged until the model has answered."""
+        if self._closed:
+            raise RuntimeError(f"session {self.session_id!r} is closed")
+        if len(token_ids) == 0:
+            raise ValueError("a call needs at least one new token")
+        tokens = self._tokens + [int(t) for t in token_ids]
+        if len(tokens) + extra > self._limit:
+            raise ValueError(f"sequence would hold {len(tokens) + extra} tokens; context is {self._limit}")
+        return tokens
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= len(self._tokens):
+            raise ValueError(f"cannot truncate a sequence of {len(self._tokens)} tokens to {length}")
+        del self._tokens[length:]
+
+
+class BLSSession(RemoteSequence):
+    """One sequence on a :class:`BLSLanguageModel`; see the module docstring."""
+
+    def __init__(self, model: BLSLanguageModel, session_id: str) -> None:
+        super().__init__(model.model_name, model.max_context, session_id)
+        self._model = model
 
     def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
         return torch.from_numpy(self._run(token_ids, num_logits, argmax=False))
@@ -159,34 +224,19 @@ class BLSSession:
         return [int(t) for t in self._run(token_ids, num_logits, argmax=True)]
 
     def _run(self, token_ids: Sequence[int], num_logits: int, argmax: bool) -> np.ndarray:
-        if self._closed:
-            raise RuntimeError(f"session {self.session_id!r} is closed")
-        if len(token_ids) == 0:
-            raise ValueError("forward needs at least one token")
+        tokens = self._extend(token_ids)
         if not 0 <= num_logits <= len(token_ids):
             raise ValueError(f"num_logits must be in [0, {len(token_ids)}], got {num_logits}")
-        tokens = self._tokens + [int(t) for t in token_ids]
-        if len(tokens) > self._model.max_context:
-            raise ValueError(f"sequence would hold {len(tokens)} tokens; context is {self._model.max_context}")
         out = self._model.call(self.session_id, tokens, num_logits, argmax=argmax)
         self._tokens = tokens  # only once the model holds them
         return out
 
     def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
         """Draft ``k`` tokens in ONE call (the draft model runs the drafting steps itself)."""
-        if self._closed:
-            raise RuntimeError(f"session {self.session_id!r} is closed")
-        tokens = self._tokens + [int(t) for t in token_ids]
-        if len(tokens) + k - 1 > self._model.max_context:
-            raise ValueError(f"sequence would hold {len(tokens) + k - 1} tokens; context is {self._model.max_context}")
+        tokens = self._extend(token_ids, k - 1)
         proposal = self._model.call_propose(self.session_id, tokens, k, sampling, seed)
         self._tokens = tokens + list(proposal.tokens[: k - 1])  # what the model's cache now holds
         return proposal
-
-    def truncate(self, length: int) -> None:
-        if not 0 <= length <= len(self._tokens):
-            raise ValueError(f"cannot truncate a sequence of {len(self._tokens)} tokens to {length}")
-        del self._tokens[length:]
 
     def close(self) -> None:
         """Tell the model to free the cache (best effort: LRU eviction frees it otherwise)."""

@@ -45,7 +45,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -59,7 +58,7 @@ from trtspec.serving.deadline import AdaptiveDeadline
 from trtspec.serving.guard import GuardedModel
 from trtspec.serving.launcher import TRITON_URL_ENV
 from trtspec.serving.supervisor import Health, ModelSupervisor, SupervisorConfig, SupervisorThread
-from trtspec.serving.triton.bls import BLSError, BLSLanguageModel, BLSTimeout, StubDeadError
+from trtspec.serving.triton.bls import BLSError, BLSTimeout, RemoteModel, StubDeadError
 
 
 UNLOAD_WAIT_S = 10.0  # at most this long for an unload to finish before the load
@@ -123,7 +122,7 @@ class DeploymentHealth:
         self._pools.append(pool)
         return pool
 
-    def guard_target(self, bls: BLSLanguageModel) -> GuardedModel:
+    def guard_target(self, bls: RemoteModel) -> GuardedModel:
         pool = self._pool(bls.model_name)
         self.target = self._supervisor(bls, pool)
         limit = self.config.target_timeout_s
@@ -135,7 +134,7 @@ class DeploymentHealth:
             late_error=lambda s: BLSTimeout(f"model '{bls.model_name}' did not answer within {s:g}s"),
         )
 
-    def guard_draft(self, bls: BLSLanguageModel) -> GuardedModel:
+    def guard_draft(self, bls: RemoteModel) -> GuardedModel:
         pool = self._pool(bls.model_name)
         self.draft = self._supervisor(bls, pool)
         if self.config.supervise:
@@ -149,7 +148,7 @@ class DeploymentHealth:
             close_async=True,
         )
 
-    def _supervisor(self, bls: BLSLanguageModel, pool: ThreadPoolExecutor) -> ModelSupervisor:
+    def _supervisor(self, bls: RemoteModel, pool: ThreadPoolExecutor) -> ModelSupervisor:
         reload = self._reload(bls.model_name)
         sup = ModelSupervisor(bls.model_name, self.config.supervisor, time.monotonic, can_reload=reload is not None)
         sup.add_listener(self._log_transition)
@@ -191,19 +190,14 @@ class DeploymentHealth:
 
         return reload
 
-    def _probe(self, bls: BLSLanguageModel, pool: ThreadPoolExecutor, sup: ModelSupervisor) -> Callable[[], None]:
-        """A real forward (two tokens, one row of logits), then the release; bounded by ``probe_timeout_s``,
+    def _probe(self, bls: RemoteModel, pool: ThreadPoolExecutor, sup: ModelSupervisor) -> Callable[[], None]:
+        """The model's own probe (a real forward through BLS: ``bls.probe()``); bounded by ``probe_timeout_s``,
         and given up as soon as the model is declared dead meanwhile (a probe queued behind calls to a
         dead stub can take seconds to fail; the reload need not wait for it)."""
         timeout = self.config.probe_timeout_s
 
-        def run() -> None:
-            sid = f"__trtspec_probe__:{uuid.uuid4().hex[:12]}"
-            bls.call(sid, [1, 2], 1)
-            bls.call(sid, [], 0, release=True)
-
         def probe() -> None:
-            future = pool.submit(run)
+            future = pool.submit(bls.probe)
             deadline = time.monotonic() + timeout
             while True:
                 try:

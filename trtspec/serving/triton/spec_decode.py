@@ -25,6 +25,9 @@ Model parameters (``config.pbtxt``, all strings):
 ``tokenizer_dir``        tokenizer of the pair (required)
 ``target_model``         target model name (``target``)
 ``draft_model``          draft model name; empty: target alone
+``model_backend``        what ``draft``/``target`` are: ``python`` (trtspec's torch models, the
+                         ``protocol.LM_INPUTS`` protocol; default) or ``tensorrtllm`` (TensorRT-LLM
+                         engines on Triton's ``tensorrtllm`` backend: :mod:`.trtllm_bls`)
 ``vocab_size``           logits rows of both models (required)
 ``target_max_context``   target's context window in tokens (required)
 ``draft_max_context``    draft's context window (required with a draft)
@@ -87,8 +90,9 @@ from trtspec.serving.triton import (
     param_int,
     param_str,
 )
-from trtspec.serving.triton.bls import BLSError, BLSLanguageModel, BLSTimeout
+from trtspec.serving.triton.bls import BLSError, BLSLanguageModel, BLSTimeout, RemoteModel
 from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
+from trtspec.serving.triton.trtllm_bls import TrtllmLanguageModel
 from trtspec.spec import (
     FinishReason,
     FixedDraftLength,
@@ -100,13 +104,16 @@ from trtspec.spec import (
 )
 
 PARAMETERS = (
-    "tokenizer_dir", "target_model", "draft_model", "vocab_size", "target_max_context", "draft_max_context",
+    "tokenizer_dir", "target_model", "draft_model", "model_backend", "vocab_size", "target_max_context", "draft_max_context",
     "max_tokens_limit", "draft_length", "max_concurrency", "apply_chat_template", "warmup", "policy_file",
     "manifest_file", "trace_file", "trace_sample_rate", "max_queue", "max_text_bytes", "supervise",
     "draft_timeout_s", "draft_timeout_floor_s", "draft_timeout_max_s", "draft_timeout_multiplier",
     "draft_late_strikes", "target_timeout_s", "probe_timeout_s", "health_interval_s",
     "reload_backoff_initial_s", "reload_backoff_max_s",
 )
+
+
+MODEL_BACKENDS = ("python", "tensorrtllm")
 
 
 @dataclass(frozen=True)
@@ -116,6 +123,7 @@ class SpecDecodeConfig:
     target_max_context: int
     target_model: str = "target"
     draft_model: str = ""  # empty: no draft, target alone
+    model_backend: str = "python"  # python | tensorrtllm: what the draft/target models are
     draft_max_context: int = 0
     max_tokens_limit: int = 1024
     draft_length: int = 5
@@ -174,6 +182,7 @@ class SpecDecodeConfig:
             target_max_context=param_int(p, "target_max_context", 0),
             target_model=param_str(p, "target_model", "target"),
             draft_model=param_str(p, "draft_model", ""),
+            model_backend=param_str(p, "model_backend", "python"),
             draft_max_context=param_int(p, "draft_max_context", 0),
             max_tokens_limit=param_int(p, "max_tokens_limit", 1024),
             draft_length=param_int(p, "draft_length", 5),
@@ -200,6 +209,9 @@ class SpecDecodeConfig:
         )
         if cfg.max_queue < 0 or cfg.max_text_bytes < 0 or cfg.probe_timeout_s <= 0:
             raise ValueError("spec_decode: max_queue >= 0, max_text_bytes >= 0, probe_timeout_s > 0 required")
+        if cfg.model_backend not in MODEL_BACKENDS:
+            raise ValueError(f"spec_decode: model_backend must be one of {', '.join(MODEL_BACKENDS)}, "
+                             f"got {cfg.model_backend!r}")
         if cfg.draft_model and cfg.draft_max_context <= 0:
             raise ValueError("spec_decode: draft_max_context is required with a draft_model")
         if cfg.draft_length < 0 or cfg.max_concurrency < 1 or cfg.max_tokens_limit < 1:
@@ -349,17 +361,9 @@ class TritonPythonModel:
             pb, cfg.health_config(), self.governor, model_name=name,
             pool_size=2 * cfg.max_concurrency + 2, extra_status=self._request_status,
         )
-        share = self.cpu_share if cfg.draft_model else None
-        target = health.guard_target(
-            BLSLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context, cpu_share=share)
-        )
-        draft = (
-            health.guard_draft(
-                BLSLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context, cpu_share=share)
-            )
-            if cfg.draft_model
-            else None
-        )
+        target_lm, draft_lm = self._remote_models(cfg)
+        target = health.guard_target(target_lm)
+        draft = health.guard_draft(draft_lm) if draft_lm is not None else None
         self.decoder = SpeculativeDecoder(target, draft, detokenizer=self.tokenizer)
         self.target_only = SpeculativeDecoder(target, None, detokenizer=self.tokenizer)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_concurrency, thread_name_prefix="spec_decode")
@@ -372,6 +376,20 @@ class TritonPythonModel:
             f"k_max {self.governor.policy.draft_length.k_max}), "
             f"{cfg.max_concurrency} workers, warm-up {self.warmup_s if self.warmup_s is not None else 'off'}"
         )
+
+    def _remote_models(self, cfg: SpecDecodeConfig) -> tuple[RemoteModel, RemoteModel | None]:
+        """The target and (with one) the draft, as the language models the loop drives."""
+        pb = self.pb
+        if cfg.model_backend == "tensorrtllm":  # engines: tokens in, tokens out; the target verifies
+            target: RemoteModel = TrtllmLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context)
+            draft = (TrtllmLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context)
+                     if cfg.draft_model else None)
+            return target, draft
+        share = self.cpu_share if cfg.draft_model else None
+        target = BLSLanguageModel(pb, cfg.target_model, cfg.vocab_size, cfg.target_max_context, cpu_share=share)
+        draft = (BLSLanguageModel(pb, cfg.draft_model, cfg.vocab_size, cfg.draft_max_context, cpu_share=share)
+                 if cfg.draft_model else None)
+        return target, draft
 
     def execute(self, requests: list) -> None:
         pb = self.pb
