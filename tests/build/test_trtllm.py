@@ -47,7 +47,7 @@ def test_draft_engine_is_plain_and_keeps_its_logits(tmp_path: Path) -> None:
     _, draft = specs(tmp_path)
     cmd = trtllm.build_command(draft)
     assert "--speculative_decoding_mode" not in cmd and "--max_draft_len" not in cmd
-    assert "--gather_generation_logits" in cmd  # for rejection sampling with the draft's distribution
+    assert "--gather_generation_logits" not in cmd  # spec_decode never asks the draft engine for logits
     assert opt(cmd, "--use_paged_context_fmha") == "enable"
 
 
@@ -181,3 +181,53 @@ def test_dry_run_without_a_gpu_needs_the_device_size(tiny_options, tmp_path: Pat
         pytest.skip("a GPU is visible: its size is read")
     with pytest.raises(BuildError, match="--device-memory"):
         run_build(tiny_options(tmp_path, backend="trtllm", dry_run=True))
+
+
+def test_a_trtllm_build_writes_a_spec_decode_that_serves_the_engines(
+    tiny_options, tiny_target: Path, tiny_draft: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference
+) -> None:
+    """The whole build with the GPU boundary stood in for (TensorRT-LLM present; the engine tools
+    write placeholder engines), then its spec_decode config loaded and served against emulated
+    engines with the tensorrtllm interface."""
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    from trtspec.serving.triton import spec_decode
+    from trtspec.testing.fake_triton import FakeTriton, final_value, run_batch
+    from trtspec.testing.fake_trtllm import TritonPythonModel, trtllm_model_configs
+
+    def build_engines(specs, say):
+        for spec in specs:
+            spec.engine_dir.mkdir(parents=True, exist_ok=True)
+            (spec.engine_dir / "config.json").write_text(json.dumps({"role": spec.role}))
+            (spec.engine_dir / "rank0.engine").write_bytes(b"engine")
+
+    monkeypatch.setattr(trtllm, "require_trtllm", lambda: "1.2.0")
+    monkeypatch.setattr(trtllm, "build_engines", build_engines)
+    r = run_build(tiny_options(tmp_path, backend="trtllm", device_memory_bytes=80 * GiB))
+    repo = tmp_path / "model_repo"
+    assert sorted(p.name for p in repo.iterdir()) == ["draft", "spec_decode", "target"]
+    assert not (repo / "target" / "1" / "model.py").exists()  # the tensorrtllm backend runs the engine
+    for role in ("target", "draft"):
+        assert parse((repo / role / "config.pbtxt").read_text()).backend == "tensorrtllm"
+    cfg = MessageToDict(parse((repo / "spec_decode" / "config.pbtxt").read_text()), preserving_proto_field_name=True)
+    params = {k: v.get("string_value", "") for k, v in cfg["parameters"].items()}
+    tok_dir = tmp_path / "engines" / "tiny" / "tokenizer"
+    assert params["model_backend"] == "tensorrtllm" and params["draft_model"] == "draft"
+    assert Path(params["tokenizer_dir"]) == tok_dir.resolve() and (tok_dir / "tokenizer.json").is_file()
+    assert params["draft_length"] == "5" and params["target_max_context"] == "256"
+    assert Path(params["manifest_file"]) == (r.engine_dir / "manifest.json").resolve()
+
+    pb = FakeTriton()
+    for name, config in trtllm_model_configs(tiny_target, tiny_draft).items():
+        pb.add_model(name, TritonPythonModel(pb), config)
+    cfg["parameters"]["warmup"] = {"string_value": "false"}
+    pb.add_model("spec_decode", spec_decode.TritonPythonModel(pb), cfg)
+    try:
+        (call,) = run_batch(pb, [{"text_input": "The quick brown fox", "max_tokens": 24}])
+        assert call.error is None, call.error
+        assert list(final_value(call, "output_ids")) == reference("The quick brown fox", 24).token_ids
+        assert final_value(call, "num_draft_tokens") > 0
+    finally:
+        pb.finalize()

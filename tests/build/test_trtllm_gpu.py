@@ -18,6 +18,7 @@ from trtspec.build import trtllm
 from trtspec.build.manifest import verify_engines
 from trtspec.build.pipeline import BuildOptions, run_build
 from trtspec.build.quantize import ProbeSettings
+from trtspec.serving.client import GenerateParams, generate_http
 from trtspec.testing.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.gpu
@@ -87,13 +88,13 @@ def test_triton_serves_the_engines_with_external_draft_tokens(trt_build) -> None
             if proc.poll() is not None:
                 pytest.fail("tritonserver exited:\n" + (proc.stdout.read() if proc.stdout else ""))
             try:
-                if client.is_model_ready("target") and client.is_model_ready("draft"):
+                if all(client.is_model_ready(m) for m in ("target", "draft", "spec_decode")):
                     break
             except Exception:  # not listening yet
                 pass
             time.sleep(1)
         else:
-            pytest.fail("target/draft not ready within 300 s")
+            pytest.fail("target/draft/spec_decode not ready within 300 s")
 
         prompt = np.array([[1, 5, 9, 30, 7]], dtype=np.int32)
 
@@ -119,6 +120,17 @@ def test_triton_serves_the_engines_with_external_draft_tokens(trt_build) -> None
         assert drafted.shape[-1] >= 1
         verified = infer("target", 1, draft_tokens=drafted.reshape(1, -1)[:, :4].astype(np.int32))
         assert verified.shape[-1] >= 1
+
+        # spec_decode drives the engines (model_backend: tensorrtllm): greedy output with
+        # speculation equals the target engine alone, token for token.
+        def generate(speculation: str):
+            params = GenerateParams(max_tokens=32, speculation=speculation)
+            return generate_http(f"127.0.0.1:{http}", "The quick brown fox", params)
+
+        on, off = generate("on"), generate("off")
+        assert on.output_ids == off.output_ids and 0 < len(off.output_ids) <= 32
+        assert on.num_draft_tokens > 0 and off.num_draft_tokens == 0
+        assert on.num_accepted_tokens / on.num_draft_tokens > 0.5  # the draft is the target plus 1% noise
     finally:
         proc.terminate()
         try:

@@ -635,8 +635,21 @@ def _model_repo(ctx: _Ctx, trt_models: list[trtllm.TrtllmModelConfig]) -> None:
             rec.detail = "trtspec.build.repo (the serving side's writer) is not available"
             return
         if opts.backend == "trtllm":
-            ctx.notes.append("spec_decode for the TensorRT-LLM backend is the serving side's to write")
-            rec.detail = f"tensorrtllm configs for target and draft in {repo}"
+            rep.info("model_repo", "writing spec_decode for the TensorRT-LLM engines")
+            tok_dir = (ctx.engine_dir / "tokenizer").resolve()  # the target's config + tokenizer (step 3)
+            write_model_repo(
+                repo,
+                target_checkpoint=tok_dir,
+                draft_checkpoint=ctx.draft.src,  # read for its vocabulary and context only
+                tokenizer_dir=tok_dir,
+                max_tokens_limit=opts.max_tokens_limit,
+                max_context=ctx.max_context,
+                draft_length=opts.max_draft_len,
+                policy_file=opts.policy_file.resolve() if opts.policy_file else None,
+                manifest_file=ctx.manifest_path.resolve(),
+                model_backend="tensorrtllm",
+            )
+            rec.detail = f"spec_decode + tensorrtllm configs for target and draft in {repo}"
             return
         rep.info("model_repo", "writing spec_decode, target and draft")
         write_model_repo(
