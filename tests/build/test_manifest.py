@@ -124,3 +124,54 @@ def test_round_trip_is_stable(tiny_build: BuildResult, tmp_path: Path) -> None:
     m.write(tmp_path / "m.json")
     assert (tmp_path / "m.json").read_text() == tiny_build.manifest_path.read_text()
     assert load_manifest(tmp_path / "m.json").same_build(m.model_copy(update={"created": "1970-01-01T00:00:00+00:00"}))
+
+
+def _spec_decode_config(engines: Path, check: str) -> dict:
+    from trtspec.build.repo import checkpoint_facts, spec_decode_config
+
+    _, vocab, ctx = checkpoint_facts(engines / "target", None)
+    return spec_decode_config(tokenizer_dir=str(engines / "target"), vocab_size=vocab, target_max_context=ctx,
+                              draft_max_context=ctx, warmup=False, manifest_file=str(engines / "manifest.json"),
+                              parameters={"manifest_check": check, "supervise": False})
+
+
+def test_spec_decode_refuses_at_load_engines_changed_since_the_build(engines: Path) -> None:
+    from trtspec.serving.triton.spec_decode import TritonPythonModel
+    from trtspec.testing.fake_triton import FakeTriton
+
+    def load(check: str) -> None:
+        fake = FakeTriton()
+        fake.add_model("spec_decode", TritonPythonModel(fake), _spec_decode_config(engines, check))
+        fake.finalize()
+
+    load("full")  # its own build: accepted
+    weights = engines / "draft" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ManifestMismatchError, match=r"^engines 'tiny' do not match this server: "
+                                                    r"draft/model.safetensors changed since the build"):
+        load("full")
+    load("quick")  # sizes only: they still match
+    load("off")
+    with pytest.raises(ValueError, match="manifest_check must be one of full, quick, off, got 'sometimes'"):
+        load("sometimes")
+
+
+def test_a_server_on_engines_that_do_not_match_fails_to_start_saying_why(engines: Path, tmp_path: Path) -> None:
+    from trtspec.build.repo import write_model_repo
+    from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
+
+    try:
+        install = find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    manifest = json.loads((engines / "manifest.json").read_text())
+    manifest["versions"]["trtspec"] = "0.0.1"  # as if built by another trtspec
+    (engines / "manifest.json").write_text(json.dumps(manifest))
+    repo = write_model_repo(tmp_path / "repo", target_checkpoint=engines / "target", draft_checkpoint=engines / "draft",
+                            manifest_file=engines / "manifest.json", max_sessions=4)
+    server = TritonServer(repo, log_file=tmp_path / "tritonserver.log", install=install, startup_timeout_s=120)
+    with pytest.raises(ServerError, match=r"do not match this server: built with trtspec 0.0.1"):
+        server.start()
+    server.stop()

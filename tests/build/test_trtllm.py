@@ -223,7 +223,7 @@ def test_a_trtllm_build_writes_a_spec_decode_that_serves_the_engines(
     for name, config in trtllm_model_configs(tiny_target, tiny_draft).items():
         pb.add_model(name, TritonPythonModel(pb), config)
     cfg["parameters"]["warmup"] = {"string_value": "false"}
-    pb.add_model("spec_decode", spec_decode.TritonPythonModel(pb), cfg)
+    pb.add_model("spec_decode", spec_decode.TritonPythonModel(pb), cfg)  # its manifest check passes: same build
     try:
         (call,) = run_batch(pb, [{"text_input": "The quick brown fox", "max_tokens": 24}])
         assert call.error is None, call.error

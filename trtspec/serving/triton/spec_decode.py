@@ -37,7 +37,11 @@ Model parameters (``config.pbtxt``, all strings):
 ``apply_chat_template``  wrap ``text_input`` in the tokenizer's chat template (true)
 ``warmup``               warm the loop and tokenizer at load (true)
 ``policy_file``          control-plane policy file (YAML; default: the built-in policy)
-``manifest_file``        build manifest (informational)
+``manifest_file``        build manifest (``engines/<name>/manifest.json``); checked at load, see below
+``manifest_check``       ``full`` (default): refuse to load when the engines next to ``manifest_file``
+                         were built for another backend, trtspec or torch major.minor, TensorRT-LLM
+                         version or GPU, or a file differs from the build (sha256); ``quick``: the
+                         same with file sizes instead of hashes; ``off``: no check
 ``trace_file``           rejection trace (JSONL, rotated); empty: no trace
 ``trace_sample_rate``    share of rejections traced (0.01)
 ``max_queue``            requests waiting for a worker before new ones are refused
@@ -66,6 +70,7 @@ import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,7 +111,7 @@ from trtspec.spec import (
 PARAMETERS = (
     "tokenizer_dir", "target_model", "draft_model", "model_backend", "vocab_size", "target_max_context", "draft_max_context",
     "max_tokens_limit", "draft_length", "max_concurrency", "apply_chat_template", "warmup", "policy_file",
-    "manifest_file", "trace_file", "trace_sample_rate", "max_queue", "max_text_bytes", "supervise",
+    "manifest_file", "manifest_check", "trace_file", "trace_sample_rate", "max_queue", "max_text_bytes", "supervise",
     "draft_timeout_s", "draft_timeout_floor_s", "draft_timeout_max_s", "draft_timeout_multiplier",
     "draft_late_strikes", "target_timeout_s", "probe_timeout_s", "health_interval_s",
     "reload_backoff_initial_s", "reload_backoff_max_s",
@@ -114,6 +119,7 @@ PARAMETERS = (
 
 
 MODEL_BACKENDS = ("python", "tensorrtllm")
+MANIFEST_CHECKS = ("full", "quick", "off")
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,7 @@ class SpecDecodeConfig:
     warmup: bool = True
     policy_file: str = ""
     manifest_file: str = ""
+    manifest_check: str = "full"  # full | quick | off
     trace_file: str = ""
     trace_sample_rate: float = 0.01
     max_queue: int = 64
@@ -191,6 +198,7 @@ class SpecDecodeConfig:
             warmup=param_bool(p, "warmup", True),
             policy_file=param_str(p, "policy_file", ""),
             manifest_file=param_str(p, "manifest_file", ""),
+            manifest_check=param_str(p, "manifest_check", "full"),
             trace_file=param_str(p, "trace_file", ""),
             trace_sample_rate=param_float(p, "trace_sample_rate", 0.01),
             max_queue=param_int(p, "max_queue", 64),
@@ -209,6 +217,9 @@ class SpecDecodeConfig:
         )
         if cfg.max_queue < 0 or cfg.max_text_bytes < 0 or cfg.probe_timeout_s <= 0:
             raise ValueError("spec_decode: max_queue >= 0, max_text_bytes >= 0, probe_timeout_s > 0 required")
+        if cfg.manifest_check not in MANIFEST_CHECKS:
+            raise ValueError(f"spec_decode: manifest_check must be one of {', '.join(MANIFEST_CHECKS)}, "
+                             f"got {cfg.manifest_check!r}")
         if cfg.model_backend not in MODEL_BACKENDS:
             raise ValueError(f"spec_decode: model_backend must be one of {', '.join(MODEL_BACKENDS)}, "
                              f"got {cfg.model_backend!r}")
@@ -347,6 +358,7 @@ class TritonPythonModel:
         if not pb.using_decoupled_model_transaction_policy(model_config):
             raise ValueError("spec_decode must be decoupled (model_transaction_policy { decoupled: true })")
         cfg = self.config = SpecDecodeConfig.from_model_config(model_config)
+        self._check_engines(cfg)
         self.tokenizer = _LockedTokenizer(Tokenizer.from_dir(cfg.tokenizer_dir))
         self._eos = self.tokenizer.eos_token_ids()
         name = args.get("model_name") or SPEC_DECODE
@@ -376,6 +388,18 @@ class TritonPythonModel:
             f"k_max {self.governor.policy.draft_length.k_max}), "
             f"{cfg.max_concurrency} workers, warm-up {self.warmup_s if self.warmup_s is not None else 'off'}"
         )
+
+    @staticmethod
+    def _check_engines(cfg: SpecDecodeConfig) -> None:
+        """Refuse to load (one line naming every difference) engines built for something else than
+        what this server runs: another backend, trtspec/torch/TensorRT-LLM version or GPU, or files
+        changed since the build (:func:`trtspec.build.manifest.verify_engines`)."""
+        if not cfg.manifest_file or cfg.manifest_check == "off":
+            return
+        from trtspec.build.manifest import verify_engines
+
+        backend = "trtllm" if cfg.model_backend == "tensorrtllm" else "torch"
+        verify_engines(Path(cfg.manifest_file).parent, backend, verify_hashes=cfg.manifest_check == "full")
 
     def _remote_models(self, cfg: SpecDecodeConfig) -> tuple[RemoteModel, RemoteModel | None]:
         """The target and (with one) the draft, as the language models the loop drives."""
