@@ -171,6 +171,9 @@ def test_answers_are_read_with_and_without_the_input_and_nonsense_is_refused(tin
     assert model.new_session().verify([5, 6], [7, 9], SamplingParams(), None) == (1, 3)
     answer([7, 9, 4, 0, 0], length=3)  # padded beyond sequence_length
     assert model.new_session().verify([5, 6], [7, 9], SamplingParams(), None) == (2, 4)
+    answer([7, 9])  # a draft engine that ended the sequence after 2 of 4 tokens
+    session = model.new_session()
+    assert session.propose([5, 6], 4, SamplingParams(), None).tokens == (7, 9) and session.num_cached == 3
     answer([1, 2, 3, 4, 5])
     with pytest.raises(BLSError, match="answered 5 new tokens; asked for 1..3"):
         model.new_session().verify([8, 8], [7, 9], SamplingParams(), None)

@@ -487,3 +487,29 @@ def test_token_matching_by_a_verifying_target_follows_the_target_distribution(sa
     table = BigramLM.random(6, seed=21, sharpness=1.5)
     draft = BigramLM.random(6, seed=22, sharpness=1.5)
     _assert_follows_the_target(SpeculativeDecoder(_MatchingTarget(table), draft), table.table, sampling)
+
+
+def test_a_proposer_that_stops_short_is_checked_for_what_it_sent():
+    """A one-call draft answering fewer than k tokens (an engine that ended the sequence) is
+    verified on those; nothing is lost and the output stays exact."""
+
+    class ShortDraft(_OneCallDraft):
+        def new_session(self, session_id: str = ""):
+            inner = self.inner.new_session(session_id)
+            owner = self
+
+            class Session(_Wrapped):
+                def propose(self, ids, k, sampling, seed):
+                    owner.propose_calls += 1
+                    return propose_locally(self.s, ids, min(k, 2), sampling, None)
+
+            return Session(inner)
+
+    target = BigramLM.random(V, seed=5)
+    draft = ShortDraft(BigramLM.random(V, seed=5))
+    r = req(prompt=(4,), max_new=24)
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(4))
+    assert out.token_ids == target_alone(BigramLM.random(V, seed=5), r).token_ids
+    assert not any(out.stats.drafted_per_position[2:])  # k = 4 asked, 2 sent: 2 checked
+    assert out.stats.drafted_tokens > draft.propose_calls  # mostly 2 per call (1 where the budget allowed 1)
+    assert out.stats.accepted_tokens == out.stats.drafted_tokens  # the same table: every draft kept

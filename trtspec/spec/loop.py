@@ -194,6 +194,7 @@ class Generation(Iterator[StreamChunk]):
                     try:
                         proposal = propose(draft, tokens[draft.num_cached :], k, sp, gen)
                         drafted, q_draft = list(proposal.tokens), proposal.q
+                        k = len(drafted)  # a proposer may stop short (an engine at its end id)
                     except Exception as e:  # any draft failure: continue on the target alone
                         self.draft_error = e
                         self.stats.draft_errors += 1

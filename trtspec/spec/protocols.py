@@ -61,7 +61,9 @@ class DraftProposer(Protocol):
     it to save ``k - 1`` round trips; it must give the same proposal the local
     procedure would (greedy: token for token; sampling: the same distribution,
     drawn from a generator seeded with ``seed``), and leave its cache holding
-    ``token_ids`` (appended) plus the first ``k - 1`` proposed tokens.
+    ``token_ids`` (appended) plus the first ``m - 1`` of the ``m`` proposed tokens.
+    ``m`` is ``k``, or less (at least 1) when the draft stopped early (an engine that
+    ended the sequence); ``q`` then has ``m`` rows. The loop checks the ``m`` it got.
     """
 
     def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:

@@ -32,7 +32,8 @@ and the engines' KV-cache reuse (``enable_kv_cache_reuse``, paged context
 FMHA; both written by the build) finds the cached prefix, so a rollback is
 just a shorter sequence next time, and a restarted engine costs time, never
 correctness. Neither model gets ``end_id``: the loop applies EOS and stop
-rules itself, so the engines always answer the number of tokens asked for.
+rules itself, so the engines answer the number of tokens asked for (a draft
+that answers fewer, having ended the sequence, is checked for what it sent).
 """
 
 from __future__ import annotations
@@ -136,10 +137,8 @@ class TrtllmSession(RemoteSequence):
         choices. The target keeps a draft when it equals its own sample there (token matching), which
         the draft's most likely token does most often; how drafts are chosen never changes the output."""
         context = self._extend(token_ids, k - 1)
-        tokens = self._model.generate(context, k, GREEDY, None)
-        if len(tokens) != k:
-            raise BLSError(f"model '{self._model.model_name}' drafted {len(tokens)} tokens; asked for {k}")
-        self._tokens = context + tokens[: k - 1]  # the last draft token is not fed (as propose_locally)
+        tokens = self._model.generate(context, k, GREEDY, None)  # 1..k: fewer if the engine ended the sequence
+        self._tokens = context + tokens[:-1]  # the last draft token is not fed (as propose_locally)
         return Proposal(tokens=tuple(tokens), q=None)  # the target matches tokens; it needs no q
 
     def verify(
