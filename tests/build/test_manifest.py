@@ -175,3 +175,33 @@ def test_a_server_on_engines_that_do_not_match_fails_to_start_saying_why(engines
     with pytest.raises(ServerError, match=r"do not match this server: built with trtspec 0.0.1"):
         server.start()
     server.stop()
+
+
+def test_the_gpu_compute_capability_is_read_through_nvml_without_starting_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NVML boundary stood in for (no GPU here): spec_decode's check must not create a CUDA
+    context in its own process (memory the engines were planned to have)."""
+    import sys
+    import types
+
+    import torch
+
+    from trtspec.build.manifest import _cuda_compute_capability
+
+    calls: list = []
+    nvml = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetHandleByIndex=lambda i: calls.append(("handle", i)) or f"gpu{i}",
+        nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert _cuda_compute_capability() == "9.0"
+    assert calls == ["init", ("handle", 3), "shutdown"]
+    assert not torch.cuda.is_initialized()
+
+    def no_gpu():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_gpu))
+    assert _cuda_compute_capability() is None  # unknown: the check is skipped, not failed

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 import trtspec
 from trtspec.build.errors import ManifestError, ManifestMismatchError
+from trtspec.build.memory import env_device_index
 from trtspec.paths import sha256_file
 
 SCHEMA_VERSION = 1
@@ -192,10 +193,27 @@ class RuntimeVersions:
 
 
 def _cuda_compute_capability() -> str | None:
+    """The first visible GPU's compute capability, read through NVML; None when unknown.
+
+    Not through torch: ``torch.cuda`` would create a CUDA context in the calling process
+    (``spec_decode``'s, at load), several hundred MB of GPU memory the engines were planned
+    to have. torch answers only where CUDA is initialised already."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(
+                pynvml.nvmlDeviceGetHandleByIndex(env_device_index()))
+            return f"{major}.{minor}"
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML (or no GPU) here: try torch, without initialising CUDA
+        pass
     try:
         import torch
 
-        if torch.cuda.is_available():
+        if torch.cuda.is_initialized():
             major, minor = torch.cuda.get_device_capability(0)
             return f"{major}.{minor}"
     except Exception:  # no CUDA runtime here: the check is skipped, not failed
