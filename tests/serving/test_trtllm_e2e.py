@@ -38,12 +38,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, tiny_dra
     root = tmp_path_factory.mktemp("trtllm-e2e")
     repo = write_emulated_trtllm_repo(root / "model_repo", tiny_target, tiny_draft, max_tokens_limit=MAX_TOKENS_LIMIT,
                                       max_concurrency=8, policy_file=static_policy)
-    s = TritonServer(repo, log_file=root / "tritonserver.log", install=install)
-    s.start()
-    try:
+    with TritonServer(repo, log_file=root / "tritonserver.log", install=install) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_greedy_through_the_engines_equals_the_target_alone_over_grpc_and_http(server, reference):

@@ -316,40 +316,29 @@ def write_model_repo(
             model_backend=model_backend,
             **extra,
         ),
-        TARGET: lm_config(
-            TARGET,
-            checkpoint=str(target_dir.resolve()),
-            precision=target_precision,
-            device=device,
-            max_context=max_context or 0,
-            max_sessions=max_sessions,
-            num_threads=num_threads,
-            warmup=warmup,
-            instances=target_instances,
-            parameters=target_parameters,
-        ),
     }
+
+    def torch_model(name: str, checkpoint: Path, precision: str, instances: int,
+                    parameters: Mapping[str, Any] | None) -> dict:
+        return lm_config(name, checkpoint=str(checkpoint.resolve()), precision=precision, device=device,
+                         max_context=max_context or 0, max_sessions=max_sessions, num_threads=num_threads,
+                         warmup=warmup, instances=instances, parameters=parameters)
+
+    def our_shim(name: str) -> Path | None:
+        shim = repo / name / "1" / "model.py"
+        return shim if shim.is_file() and shim.read_text() == model_py(SHIMS[name]) else None
+
     if model_backend == "tensorrtllm":
-        del configs[TARGET]
         for name in (TARGET, DRAFT):  # our Python shims from an earlier torch build: unused by tensorrtllm, dropped
-            shim = repo / name / "1" / "model.py"
-            if shim.is_file() and shim.read_text() == model_py(SHIMS[name]):
+            shim = our_shim(name)
+            if shim is not None:
                 shim.unlink()
-    elif draft_dir is not None:
-        configs[DRAFT] = lm_config(
-            DRAFT,
-            checkpoint=str(draft_dir.resolve()),
-            precision=draft_precision,
-            device=device,
-            max_context=max_context or 0,
-            max_sessions=max_sessions,
-            num_threads=num_threads,
-            warmup=warmup,
-            instances=draft_instances,
-            parameters=draft_parameters,
-        )
-    elif (repo / DRAFT / "1" / "model.py").is_file() and (repo / DRAFT / "1" / "model.py").read_text() == model_py(SHIMS[DRAFT]):
-        shutil.rmtree(repo / DRAFT)  # ours, from an earlier run with a draft
+    else:
+        configs[TARGET] = torch_model(TARGET, target_dir, target_precision, target_instances, target_parameters)
+        if draft_dir is not None:
+            configs[DRAFT] = torch_model(DRAFT, draft_dir, draft_precision, draft_instances, draft_parameters)
+        elif our_shim(DRAFT) is not None:
+            shutil.rmtree(repo / DRAFT)  # ours, from an earlier run with a draft
 
     for name, cfg in configs.items():
         _write_if_changed(repo / name / "config.pbtxt", render_pbtxt(cfg))
