@@ -46,11 +46,11 @@ from trtspec.control import (
     RequestInfo,
     Speculation,
     SpeculationGovernor,
-    WrongTokenDraft,
 )
 from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
-from trtspec.spec import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
+from trtspec.testing.faults import WrongTokenDraft
 
 DEMO_PROMPTS = [
     "Explain what a hash table is.",

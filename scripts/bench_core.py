@@ -20,7 +20,6 @@ within one run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -28,10 +27,11 @@ from pathlib import Path
 
 import torch
 
+from trtspec.bench.inprocess import cpu_name, run_hf, write_json
 from trtspec.data import benchmark_prompts
 from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
-from trtspec.spec import FixedDraftLength, GenerationRequest, SpecStats, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, SpecStats, StopCriteria
 
 
 def leviathan_speedup(alpha: float, k: int, c: float, verify_ratio: float = 1.0) -> float:
@@ -103,24 +103,6 @@ def run_ours(pair, prompts_ids, max_tokens, eos, k) -> dict:
         outs.append(r.token_ids)
         total.merge(r.stats)
     return {"outputs": outs, "time_s": elapsed, "tokens": total.emitted_tokens, "stats": total}
-
-
-def run_hf(target_hf, draft_hf, prompts_ids, max_tokens, eos, assistant_kwargs=None) -> dict:
-    outs, elapsed, tokens = [], 0.0, 0
-    for ids in prompts_ids:
-        kwargs = dict(max_new_tokens=max_tokens, do_sample=False, eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0])
-        if draft_hf is not None:
-            kwargs["assistant_model"] = draft_hf
-            kwargs.update(assistant_kwargs or {})
-        x = torch.tensor([ids])
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            y = target_hf.generate(x, **kwargs)
-        elapsed += time.perf_counter() - t0
-        new = y[0, len(ids) :].tolist()
-        outs.append(new)
-        tokens += len(new)
-    return {"outputs": outs, "time_s": elapsed, "tokens": tokens}
 
 
 def main() -> int:
@@ -225,7 +207,7 @@ def main() -> int:
         "max_tokens": args.max_tokens,
         "k": args.k,
         "threads": torch.get_num_threads(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "weights_bytes": {"target": pair.target.weight_bytes, "draft": pair.draft.weight_bytes},
         "step_costs": costs,
         "speedup": round(measured, 3),
@@ -237,21 +219,9 @@ def main() -> int:
         "rows": rows,
         "k_sweep": sweep,
     }
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(summary, indent=2))
+    write_json(args.json_out, summary)
     _print_table(summary)
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def _print_table(s: dict) -> None:

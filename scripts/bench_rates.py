@@ -97,7 +97,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     repo = args.model_repo
     if repo is None:
-        from trtspec.build.repo import write_model_repo
+        from trtspec.builder.repo import write_model_repo
         from trtspec.runtime.demo import prepare_demo
 
         pair = prepare_demo(progress=lambda m: print(f"[demo] {m}", file=sys.stderr))

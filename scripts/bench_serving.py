@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, run_bench
-from trtspec.build.repo import write_model_repo
+from trtspec.builder.repo import write_model_repo
 from trtspec.control import RequestInfo, SpeculationGovernor, load_policy
 from trtspec.control.config import Policy
 from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
 from trtspec.serving.launcher import TritonServer
-from trtspec.spec import GenerationRequest, StopCriteria
+from trtspec.decoding import GenerationRequest, StopCriteria
 
 
 def in_process(pair, policy: Policy, prompts: list[str], max_tokens: int, speculation: str) -> dict:
@@ -60,7 +60,7 @@ def in_process(pair, policy: Policy, prompts: list[str], max_tokens: int, specul
 
 
 def load_pair_target_only(pair):
-    from trtspec.spec import SpeculativeDecoder
+    from trtspec.decoding import SpeculativeDecoder
 
     return SpeculativeDecoder(pair.target.lm, None, detokenizer=pair.target.tokenizer)
 

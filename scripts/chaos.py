@@ -5,6 +5,7 @@ the service must keep answering, exactly as the target alone would.
     python scripts/chaos.py                                  # tiny pair, 10 min, 5+ kills
     python scripts/chaos.py --pair demo --duration 300 --kills 5 --rate 0.5
     python scripts/chaos.py --duration 180 --kills 5 --out results/chaos
+    python scripts/chaos.py --pair tiny-long --long-share 0.1 --duration 120 --kills 3
 
 Starts its own tritonserver on the chosen pair with the draft's fault
 injection on (``fault_wrong_share``: a share of drafted tokens replaced by
@@ -29,6 +30,11 @@ wrong-draft share alone would keep it open and hide the recovery being
 measured; the breaker's reaction to bad and late drafts is tested in
 tests/reliability. Exit code 0 when every answer was identical, nothing was
 lost, and every kill was followed by resumed speculation within the goal.
+
+``--long-share``: that share of the requests (every n-th) carries a long
+prompt (``--long-tokens``; ``tiny-long`` or ``demo`` pair), checked like the
+others; the run then also requires that the target was never reloaded (only
+the draft is killed: a target busy with a long prefill is not a dead one).
 """
 
 from __future__ import annotations
@@ -48,12 +54,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from trtspec.bench import memory as mem  # noqa: E402
-from trtspec.build.repo import write_model_repo  # noqa: E402
+from trtspec.builder.repo import write_model_repo  # noqa: E402
 from trtspec.serving import statusfile, stubs  # noqa: E402
 from trtspec.serving.client import ClientError, GenerateParams, generate_grpc  # noqa: E402
 from trtspec.serving.launcher import TritonServer  # noqa: E402
-from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria  # noqa: E402
-from trtspec.testing.tiny import pair_paths  # noqa: E402
+from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria  # noqa: E402
+from trtspec.bench.workload import long_prompt_texts  # noqa: E402
+from trtspec.testing.tiny import PAIRS, pair_paths  # noqa: E402
 
 POLICY = """
 draft_length:
@@ -76,14 +83,14 @@ PROMPTS = (
 RESUME_GOAL_S = 30.0
 
 
-def references(target: Path, max_tokens: int) -> dict[str, list[int]]:
+def references(target: Path, max_tokens: int, prompts: list[str]) -> dict[str, list[int]]:
     """The target alone, in this process, tokenized as spec_decode does (chat template on)."""
     from trtspec.runtime.pair import load_pair
 
     pair = load_pair(target, None)
     tok = pair.target.tokenizer
     out = {}
-    for p in PROMPTS:
+    for p in prompts:
         req = GenerationRequest(prompt_ids=tuple(tok.encode_prompt(p)),
                                 stop=StopCriteria(max_new_tokens=max_tokens, eos_token_ids=tok.eos_token_ids()))
         out[p] = pair.decoder().generate(req, FixedDraftLength(0)).token_ids
@@ -110,7 +117,7 @@ def delta(after: dict, before: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", choices=("tiny", "demo"), default="tiny")
+    ap.add_argument("--pair", choices=PAIRS, default="tiny")
     ap.add_argument("--duration", type=float, default=600.0)
     ap.add_argument("--rate", type=float, default=4.0, help="Requests/s (open loop, Poisson).")
     ap.add_argument("--kills", type=int, default=5)
@@ -120,14 +127,25 @@ def main() -> int:
     ap.add_argument("--delay-share", type=float, default=0.1, help="Share of draft forward passes delayed.")
     ap.add_argument("--timeout-s", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--long-share", type=float, default=0.0, help="Share of requests with a long prompt.")
+    ap.add_argument("--long-tokens", default="2000-3800", help="Their prompt lengths in tokens, LO-HI (3 lengths).")
     ap.add_argument("--out", type=Path, default=Path("results/chaos"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="trtspec-chaos-"))
     target, draft = pair_paths(args.pair, work)
+    long_prompts: list[str] = []
+    every = 0
+    if args.long_share > 0:
+        from trtspec.runtime.tokenizer import Tokenizer
+
+        lo, _, hi = args.long_tokens.partition("-")
+        lo_n, hi_n = int(lo), int(hi or lo)
+        long_prompts = long_prompt_texts(Tokenizer.from_dir(target), [lo_n, (lo_n + hi_n) // 2, hi_n])
+        every = max(1, round(1 / args.long_share))
     print("computing the target-alone references in-process ...", flush=True)
-    refs = references(target, args.max_tokens)
+    refs = references(target, args.max_tokens, [*PROMPTS, *long_prompts])
     (work / "policy.yaml").write_text(POLICY)
     repo = write_model_repo(
         work / "model_repo", target_checkpoint=target, draft_checkpoint=draft, max_tokens_limit=256,
@@ -150,9 +168,10 @@ def main() -> int:
             return statusfile.read_status(server.status_dir / "spec_decode.json") or {}
 
         def one(i: int) -> None:
-            prompt = PROMPTS[i % len(PROMPTS)]
+            long = every and i % every == every - 1
+            prompt = long_prompts[(i // every) % len(long_prompts)] if long else PROMPTS[i % len(PROMPTS)]
             sent = time.monotonic() - t0
-            rec: dict = {"i": i, "prompt": i % len(PROMPTS), "sent_s": round(sent, 2)}
+            rec: dict = {"i": i, "prompt": i % len(PROMPTS), "long": bool(long), "sent_s": round(sent, 2)}
             try:
                 r = generate_grpc(server.endpoints.grpc, prompt, GenerateParams(max_tokens=args.max_tokens),
                                   timeout_s=args.timeout_s)
@@ -235,7 +254,10 @@ def main() -> int:
         "acceptance_rate": accepted / drafted if drafted else None,
         "server_counters_delta": d, "kills": kills,
         "resume_s": {"max": max(resume) if resume else None, "mean": sum(resume) / len(resume) if resume else None},
-        "draft_supervisor_final": final.get("draft"), "stubs_final": stubs_now,
+        "draft_supervisor_final": final.get("draft"), "target_supervisor_final": final.get("target"),
+        "stubs_final": stubs_now,
+        "long_prompts": {"share": args.long_share, "sent": sum(1 for r in records if r["long"]),
+                         "answered": sum(1 for r in answered if r["long"])},
     }
     (args.out / "chaos.json").write_text(json.dumps(report, indent=2, default=str))
     print("\n== chaos figures ==")
@@ -256,9 +278,14 @@ def main() -> int:
     if resume:
         print(f"kill -> speculation resumed: max {max(resume):.1f}s, mean {sum(resume) / len(resume):.1f}s "
               f"(goal < {RESUME_GOAL_S:.0f}s)")
+    target_final = final.get("target") or {}
+    print(f"long prompts: {report['long_prompts']}; target supervisor: reloads {target_final.get('reloads')}, "
+          f"probe failures {target_final.get('probe_failures')}, state {target_final.get('state')}")
     ok = (len(answered) == len(records) and identical == len(answered) and len(kills) >= args.kills
-          and len(resume) == len(kills) and all(x < RESUME_GOAL_S for x in resume))
-    print("[ok]" if ok else "[FAIL]", "every request answered, identical, every kill recovered within the goal")
+          and len(resume) == len(kills) and all(x < RESUME_GOAL_S for x in resume)
+          and target_final.get("reloads") == 0)
+    print("[ok]" if ok else "[FAIL]", "every request answered, identical, every kill recovered within the goal, "
+          "the target never reloaded")
     return 0 if ok else 1
 
 

@@ -55,7 +55,7 @@ python3 - "$OUT/build.json" "$MIN_ACCEPTANCE" <<'PY'
 import json
 import sys
 
-from trtspec.build.manifest import verify_engines
+from trtspec.builder.manifest import verify_engines
 
 result = json.load(open(sys.argv[1]))
 floor = float(sys.argv[2])

@@ -4,6 +4,7 @@
     python scripts/soak.py                                   # tiny pair, find the rate, 10 min + bursts
     python scripts/soak.py --pair demo --rate 0.8 --duration 600
     python scripts/soak.py --duration 180 --out results/soak  # what the issue's 10 minutes shrink to here
+    python scripts/soak.py --pair tiny-long --long-share 0.1 --rate 2 --duration 120 --prefill-chunk 0
 
 Starts its own tritonserver on the chosen pair (``tiny``: seconds-sized random
 models; ``demo``: SmolLM2-135M-Instruct with its INT8 copy, cached by
@@ -31,6 +32,14 @@ models; ``demo``: SmolLM2-135M-Instruct with its INT8 copy, cached by
    printed and plotted; writes
    ``memory.png`` and ``soak.json`` into ``--out``.
 
+With ``--long-share`` (``tiny-long`` or ``demo`` pair: the context holds them)
+that share of the requests carries a long prompt (``--long-tokens``, default
+2000-4000 tokens); the run then also checks that no model was reloaded (a
+busy model is not a dead one) and prints the TTFT of short requests sent while
+a long request was in its prefill, beside that of the others;
+``--prefill-chunk`` sets ``spec_decode``'s ``prefill_chunk_tokens`` (0: a
+prefill is one call) to compare.
+
 Exit code 0 when every check passes, 1 otherwise.
 """
 
@@ -48,12 +57,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, run_bench  # noqa: E402
+from trtspec.bench.workload import Prompt, long_prompt_texts  # noqa: E402
 from trtspec.bench import memory as mem  # noqa: E402
 from trtspec.bench.runner import BenchResult  # noqa: E402
-from trtspec.build.repo import write_model_repo  # noqa: E402
+from trtspec.builder.repo import write_model_repo  # noqa: E402
 from trtspec.serving import statusfile, stubs  # noqa: E402
 from trtspec.serving.launcher import TritonServer  # noqa: E402
-from trtspec.testing.tiny import pair_paths  # noqa: E402
+from trtspec.testing.tiny import PAIRS, pair_paths  # noqa: E402
 
 STEP_S = 30.0  # seconds per step of the rate search
 
@@ -64,10 +74,49 @@ draft_length:
 """
 
 
+PROMPTS: list[Prompt] = builtin_prompts()  # main() mixes long ones in with --long-share
+LONG_FROM = 1000  # prompt tokens from which a request counts as long in the report
+
+
+def mixed_prompts(target: Path, share: float, tokens: str, max_tokens: int) -> list[Prompt]:
+    """The built-in prompts with long ones added so that ``share`` of the draws are long."""
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    short = builtin_prompts() * 9
+    n_long = round(share / (1 - share) * len(short))
+    lo, _, hi = tokens.partition("-")
+    lo_n, hi_n = int(lo), int(hi or lo)
+    lengths = [lo_n + (hi_n - lo_n) * i // max(1, n_long - 1) for i in range(n_long)]
+    texts = long_prompt_texts(Tokenizer.from_dir(target), lengths)
+    return short + [Prompt(t, max_tokens=max_tokens) for t in texts]
+
+
+def ttft_during_prefills(records: list) -> dict:
+    """TTFT of short requests sent while a long one was in its prefill (sent, first token not yet
+    back), and of the other short ones; p50 / p90 / max in ms."""
+    answered = [r for r in records if r.answered and r.ttft_s is not None and r.sent_s is not None]
+    longs = [(r.sent_s, r.sent_s + r.ttft_s) for r in answered if r.input_tokens >= LONG_FROM]
+    during, other = [], []
+    for r in answered:
+        if r.input_tokens < LONG_FROM:
+            (during if any(a <= r.sent_s < b for a, b in longs) else other).append(r.ttft_s * 1000)
+
+    def q(xs: list[float]) -> dict:
+        xs = sorted(xs)
+        if not xs:
+            return {"n": 0}
+        return {"n": len(xs), "p50": round(xs[len(xs) // 2]), "p90": round(xs[int(0.9 * (len(xs) - 1))]),
+                "max": round(xs[-1])}
+
+    long_ttft = [b - a for a, b in longs]
+    return {"short_during_long_prefill_ms": q(during), "short_otherwise_ms": q(other),
+            "long_ttft_ms": q([x * 1000 for x in long_ttft])}
+
+
 def bench(url: str, rate: float, duration: float, max_tokens: str, timeout_s: float, seed: int, *,
           metrics_url: str | None = None, pid: int | None = None) -> BenchResult:
     cfg = BenchConfig(
-        url=url, prompts=builtin_prompts(), workload_split=ArmSplit.parse("auto"), output=OutputLength.parse(max_tokens),
+        url=url, prompts=PROMPTS, workload_split=ArmSplit.parse("auto"), output=OutputLength.parse(max_tokens),
         rate=rate, duration_s=duration, timeout_s=timeout_s, metrics_url=metrics_url, server_pid=pid,
         memory_interval_s=1.0, seed=seed, probe=False,
     )
@@ -162,7 +211,7 @@ def plot(samples: list, bursts: list[tuple[float, float]], per_process: list, pa
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", choices=("tiny", "demo"), default="tiny")
+    ap.add_argument("--pair", choices=PAIRS, default="tiny")
     ap.add_argument("--rate", type=float, default=None, help="Soak rate (requests/s); default: find it.")
     ap.add_argument("--start-rate", type=float, default=1.0)
     ap.add_argument("--slo-s", type=float, default=10.0, help="p99 latency a clean rate must keep.")
@@ -175,15 +224,23 @@ def main() -> int:
     ap.add_argument("--max-tokens", default="16-48")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="Client timeout per request (then cancelled).")
     ap.add_argument("--max-queue", type=int, default=64, help="spec_decode's max_queue: waiting requests before refusals.")
+    ap.add_argument("--long-share", type=float, default=0.0, help="Share of requests with a long prompt.")
+    ap.add_argument("--long-tokens", default="2000-4000", help="Their prompt length in tokens, LO-HI.")
+    ap.add_argument("--long-max-tokens", type=int, default=16, help="max_tokens of a long request.")
+    ap.add_argument("--prefill-chunk", type=int, default=None, help="spec_decode's prefill_chunk_tokens (0: off).")
     ap.add_argument("--out", type=Path, default=Path("results/soak"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="trtspec-soak-"))
     target, draft = pair_paths(args.pair, work)
+    if args.long_share > 0:
+        PROMPTS[:] = mixed_prompts(target, args.long_share, args.long_tokens, args.long_max_tokens)
     (work / "policy.yaml").write_text(POLICY)
+    spec = {"max_queue": args.max_queue}
+    if args.prefill_chunk is not None:
+        spec["prefill_chunk_tokens"] = args.prefill_chunk
     repo = write_model_repo(work / "model_repo", target_checkpoint=target, draft_checkpoint=draft,
-                            max_tokens_limit=256, policy_file=work / "policy.yaml",
-                            spec_decode_parameters={"max_queue": args.max_queue})
+                            max_tokens_limit=256, policy_file=work / "policy.yaml", spec_decode_parameters=spec)
     checks: dict[str, bool] = {}
     with TritonServer(repo, log_file=args.out / "tritonserver.log") as server:
         print(f"server pid {server.pid}; {args.pair} pair; endpoints {server.endpoints.grpc}", flush=True)
@@ -258,6 +315,12 @@ def main() -> int:
                 break
             time.sleep(0.5)
         checks["KV-cache sessions all freed"] = all(v == 0 for v in sessions.values())
+        control = statusfile.read_status(server.status_dir / "spec_decode.json") or {}
+        reloads = {m: {k: (control.get(m) or {}).get(k) for k in ("reloads", "probe_failures", "outages")}
+                   for m in ("draft", "target")}
+        checks["no model reloaded or failed a probe (busy is not dead)"] = all(
+            v["reloads"] == 0 and v["probe_failures"] == 0 for v in reloads.values())
+        ttft = ttft_during_prefills([rec for r in results for rec in r.records])
         samples = steady.memory
         # Warm-up: the first 20% of the run, and at least until the first burst is over (a burst
         # raises the high-water mark of KV caches once: the allocator keeps what it got).
@@ -298,6 +361,9 @@ def main() -> int:
                        "growth_after_warmup_mb": round(growth_mb, 2), "slope_mb_per_min": round(slope_mb_min, 3),
                        "summary": steady.memory_summary},
             "sessions_after": sessions, "stubs": {"before": stubs_before, "after": stubs_after},
+            "long_prompts": {"share": args.long_share, "tokens": args.long_tokens,
+                             "prefill_chunk_tokens": args.prefill_chunk, "ttft": ttft},
+            "supervisors": reloads,
             "checks": checks,
         }
     (args.out / "soak.json").write_text(json.dumps(report, indent=2, default=str))
@@ -316,6 +382,12 @@ def main() -> int:
     print(f"RSS growth after warm-up by process (MiB): {growth_by_process} "
           f"(tritonserver: {server_growth_b_per_req:.0f} B per request sent)")
     print(f"sessions after: {sessions}; stubs {stubs_before} -> {stubs_after}")
+    print(f"supervisors: {reloads}")
+    if args.long_share > 0:
+        print(f"long prompts: {args.long_share:.0%} at {args.long_tokens} tokens, prefill_chunk_tokens "
+              f"{'default' if args.prefill_chunk is None else args.prefill_chunk}")
+        print(f"TTFT of short requests sent during a long prefill: {ttft['short_during_long_prefill_ms']}")
+        print(f"TTFT of the other short requests: {ttft['short_otherwise_ms']}; long requests: {ttft['long_ttft_ms']}")
     for name, ok in checks.items():
         print(f"[{'ok' if ok else 'FAIL'}] {name}")
     return 0 if all(checks.values()) else 1

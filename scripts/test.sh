@@ -12,4 +12,6 @@ fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -e '.[dev]'
+# Every tests/**/test_*.py must be collected (pytest silently skips folders named build/).
+python scripts/check_collected.py
 python -m pytest -q "$@"

@@ -15,8 +15,8 @@ import torch  # noqa: E402
 
 from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 
-from trtspec.build.repo import write_model_repo  # noqa: E402
-from trtspec.spec import FixedDraftLength, GenerationRequest, GenerationResult, StopCriteria  # noqa: E402
+from trtspec.builder.repo import write_model_repo  # noqa: E402
+from trtspec.decoding import FixedDraftLength, GenerationRequest, GenerationResult, StopCriteria  # noqa: E402
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver  # noqa: E402
 from trtspec.testing.tiny import make_tiny_llama  # noqa: E402
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from trtspec.runtime.pair import load_pair
-from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import DrafterKind, FixedDraftLength, GenerationRequest, StopCriteria
 
 TINY_PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2", "Triton Inference"]
 
@@ -32,6 +34,20 @@ def test_tiny_models_match_transformers_greedy(tiny_pair, tiny_target, k):
         assert out.token_ids == hf_greedy(tiny_target, ids, 24), text
         if k:
             assert out.stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("drafter", list(DrafterKind))
+def test_tiny_models_greedy_output_is_the_targets_with_every_drafter(tiny_pair, drafter):
+    tok = tiny_pair.target.tokenizer
+    dec = tiny_pair.decoder()
+    drafted = 0
+    for text in TINY_PROMPTS + ["one two three one two three one two"]:
+        req = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(24), drafter=drafter)
+        ref = dec.generate(req, FixedDraftLength(0))
+        out = dec.generate(req, FixedDraftLength(4))
+        assert out.token_ids == ref.token_ids, text
+        drafted += out.stats.drafted_tokens
+    assert drafted > 0
 
 
 def test_tiny_good_draft_is_mostly_accepted(tiny_pair):
@@ -81,3 +97,25 @@ def test_demo_pair_greedy_equality(demo_pair):
         drafted += out.stats.drafted_tokens
         accepted += out.stats.accepted_tokens
     assert accepted / drafted > 0.6  # the INT8 copy is a useful draft
+
+
+COPY_PROMPT = (
+    "Repeat this sentence exactly: The committee will meet on Tuesday at noon to review the budget "
+    "and the hiring plan for the next quarter."
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", [DrafterKind.NGRAM, DrafterKind.SUFFIX, DrafterKind.AUTO])
+def test_demo_pair_greedy_equality_with_the_free_drafters(demo_pair, drafter):
+    """The real pair, a chat prompt and a copy prompt: each free drafter's output is the target's."""
+    tok = demo_pair.target.tokenizer
+    dec = demo_pair.decoder()
+    accepted = 0
+    for text in (DEMO_PROMPTS[0], COPY_PROMPT):
+        req = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(32, eos_token_ids=tok.eos_token_ids()))
+        ref = dec.generate(req, FixedDraftLength(0))
+        out = dec.generate(dataclasses.replace(req, drafter=drafter), FixedDraftLength(5))
+        assert out.token_ids == ref.token_ids, text
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0  # the copy prompt repeats its input: lookups get accepted

@@ -29,3 +29,19 @@ class ContextOverflowError(InvalidRequestError):
 
 class DraftError(TrtspecError):
     """The draft model failed or timed out; the caller continues on the target alone."""
+
+
+class ModelCallError(TrtspecError):
+    """A call to a served model (draft or target) failed: down, unloaded, or it answered an error."""
+
+
+class ModelTimeoutError(ModelCallError):
+    """A call to a served model missed its deadline (it may still finish; its result is unused)."""
+
+
+def one_line(what: object) -> str:
+    """The first line of an error (or message) for logs and client errors; never empty, never a traceback."""
+    text = str(what).strip()
+    if text:
+        return text.splitlines()[0]
+    return "unknown error" if isinstance(what, str) else type(what).__name__

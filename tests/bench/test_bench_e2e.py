@@ -117,7 +117,7 @@ def test_timeouts_and_refusals_are_errors_not_drops(bench_server) -> None:
 
 
 def test_http_transport(bench_server) -> None:
-    cfg = BenchConfig(url=bench_server.endpoints.http, http=True, prompts=builtin_prompts(),
+    cfg = BenchConfig(url=bench_server.endpoints.http, protocol="http", prompts=builtin_prompts(),
                       workload_split=ArmSplit.parse("auto,off"), output=OutputLength.parse("12"), concurrency=2,
                       requests=4, timeout_s=30)
     result = run_bench(cfg)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from trtspec.bench.records import RequestRecord
-from trtspec.bench.stats import acceptance_by_position_estimate, acceptance_by_position_server, summarize
+from trtspec.bench.stats import (
+    acceptance_by_drafter,
+    acceptance_by_position_estimate,
+    acceptance_by_position_server,
+    summarize,
+)
 
 
 def rec(i, arm, sent, ttft, e2e, tokens, drafted=0, accepted=0, chunks=None, error=None, cat=None):
@@ -80,3 +85,15 @@ def test_acceptance_by_position() -> None:
     srv = acceptance_by_position_server(deltas)
     assert srv == {"source": "server counters", "by_position": {"1": 0.9, "2": 0.75}}
     assert acceptance_by_position_server({}) is None
+
+
+def test_acceptance_by_drafter_from_the_servers_counters() -> None:
+    deltas = {
+        "trtspec_drafted_tokens_total": {"drafter=model": 10.0, "drafter=ngram": 40.0, "drafter=suffix": 0.0},
+        "trtspec_accepted_tokens_total": {"drafter=model": 9.0, "drafter=ngram": 10.0},
+    }
+    assert acceptance_by_drafter(deltas) == {
+        "model": {"drafted": 10.0, "accepted": 9.0, "acceptance_rate": 0.9},
+        "ngram": {"drafted": 40.0, "accepted": 10.0, "acceptance_rate": 0.25},
+    }  # suffix drafted nothing: left out
+    assert acceptance_by_drafter({"trtspec_drafted_tokens_total": {"all": 5.0}}) is None  # an older server

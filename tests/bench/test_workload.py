@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.bench.workload import ArmSplit, OutputLength, Prompt, Workload, WorkloadError, load_prompts, poisson_arrivals
+from trtspec.bench.workload import (
+    ArmSplit, OutputLength, Prompt, Workload, WorkloadError, load_prompts, long_prompt_texts, poisson_arrivals,
+)
 
 
 def test_arm_split_is_exact_and_interleaved() -> None:
@@ -74,3 +76,10 @@ def test_load_prompts(tmp_path: Path) -> None:
         load_prompts(p)
     msg = str(e.value)
     assert "line 2:" in msg and "line 3: not valid JSON" in msg and "line 4: 'max_tokens'" in msg
+
+
+def test_long_prompts_hold_about_the_tokens_asked_and_never_more(tiny_pair):
+    tok = tiny_pair.target.tokenizer
+    for n, text in zip((300, 1000), long_prompt_texts(tok, [300, 1000]), strict=True):
+        got = len(tok.encode_prompt(text))  # chat template on, as spec_decode tokenizes
+        assert 0.9 * n <= got <= n

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from trtspec.cli.main import app
 from trtspec.runtime.pair import load_pair
-from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 
 runner = CliRunner()
 
@@ -27,6 +27,21 @@ def test_generate_json_matches_the_target_alone(tiny_target, tiny_draft):
     ref = pair.decoder().generate(GenerationRequest(tuple(ids), StopCriteria(16)), FixedDraftLength(0))
     assert out["token_ids"] == ref.token_ids
     assert out["text"] == ref.text
+
+
+def test_generate_with_a_free_drafter_needs_no_draft_model(tiny_target):
+    prompt = "one two three four one two three four one two"
+    args = ["generate", "--local", "--target", str(tiny_target), "--drafter", "ngram",
+            "--prompt", prompt, "--max-tokens", "16", "--k", "4", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["drafter"] == "ngram" and out["models"]["draft"] is None
+    assert set(out["stats"]["drafted_by"]) <= {"ngram"}  # (a random tiny model seldom repeats itself)
+    pair = load_pair(tiny_target, None)
+    ids = pair.target.tokenizer.encode_prompt(prompt)
+    ref = pair.decoder().generate(GenerationRequest(tuple(ids), StopCriteria(16)), FixedDraftLength(0))
+    assert out["token_ids"] == ref.token_ids
 
 
 def test_generate_streams_text_to_stdout(tiny_target):
@@ -67,3 +82,21 @@ def test_bad_inputs_give_one_line_errors(tiny_target, tiny_draft, tmp_path):
         assert res.exit_code != 0, args
         assert msg in _error_line(res), (args, res.output)
         assert "Traceback" not in res.output
+
+
+def test_generate_exact_bf16_equals_the_target_alone(tiny_target, tiny_draft):
+    def run(*extra: str) -> dict:
+        args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt",
+                "Hello world", "--max-tokens", "24", "--target-precision", "bf16", "--exact", "--json", *extra]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    spec, alone = run("--k", "4"), run("--speculation", "off")
+    assert spec["exact"] and spec["models"]["target"]["exact"] and spec["stats"]["drafted_tokens"] > 0
+    assert spec["token_ids"] == alone["token_ids"]
+
+
+def test_generate_exact_is_refused_against_a_server():
+    res = runner.invoke(app, ["generate", "--url", "localhost:1", "--prompt", "x", "--exact"])
+    assert res.exit_code != 0 and "--exact" in res.output

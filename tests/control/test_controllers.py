@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trtspec.control import FakeClock, HeuristicController, StaticController, StepController
 from trtspec.control.config import HeuristicConfig, StaticConfig, StepConfig
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 
 def outcome(k: int, accepted: int) -> IterationOutcome:

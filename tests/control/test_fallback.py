@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trtspec.control import FallbackGuard
 from trtspec.control.config import FallbackConfig
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 
 def outcome(k: int, accepted: int, emitted: int | None = None) -> IterationOutcome:

@@ -15,7 +15,7 @@ from trtspec.control.goodput import (
     best_k,
     expected_emitted,
 )
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 D = 0.010  # seconds per draft token in the scripted runs
 V0 = 0.050  # a plain target step
@@ -386,3 +386,55 @@ def test_positions_never_drafted_are_assumed_like_the_ones_before() -> None:
     assert a[0] > 0.9 and a[2] > 0.9
     assert a[3] > 0.9 and a[7] > 0.9  # inherited, not the 0.5 prior
     assert model.estimate(0, 0).k_best > 3  # so longer drafts get tried
+
+
+# -- auto: the free drafter, the draft model or none ---------------------------------------
+
+
+def run_auto(models: dict[str, GoodputModel], accept: dict[str, Callable[[int], int]], iterations: int) -> list[str]:
+    """One ``auto`` request: each iteration the controller picks a drafter and k; the free drafter
+    (``suffix``) drafts in no time, the model in ``D`` per token. Returns ``drafter:k`` per iteration."""
+    from trtspec.control.config import DraftLengthConfig, Policy
+    from trtspec.control.governor import make_controller
+    from trtspec.control.types import RequestInfo
+    from trtspec.decoding.types import DrafterKind
+
+    config = DraftLengthConfig(controller="goodput", k_max=8)
+    c = make_controller(config, lambda: 0.0, models, RequestInfo(drafter=DrafterKind.AUTO), Policy().drafters.auto_free)
+    c.observe(outcome(0, 0, v=lambda _k: 20 * V0))
+    picks = []
+    for _ in range(iterations):
+        name = c.next_drafter(["suffix", "model"])
+        k = c.next_k()
+        d = 1e-5 if name == "suffix" else D
+        o = dataclasses.replace(outcome(k, min(k, accept[name](k)), d=d), drafter=name if k else "")
+        c.observe(o)
+        picks.append(f"{name}:{k}" if k else "none")
+    c.finish()
+    return picks
+
+
+def auto_models() -> dict[str, GoodputModel]:
+    return {name: GoodputModel(8, GoodputConfig()) for name in ("suffix", "model")}
+
+
+def test_auto_drafts_with_the_free_drafter_when_its_drafts_are_right() -> None:
+    models = auto_models()
+    for _ in range(20):
+        picks = run_auto(models, {"suffix": good, "model": good}, 30)
+    assert sum(p.startswith("suffix:") for p in picks) >= 25  # free and right: nothing beats it
+
+
+def test_auto_drafts_with_the_model_when_the_free_drafter_is_wrong() -> None:
+    models = auto_models()
+    for _ in range(20):
+        picks = run_auto(models, {"suffix": lambda k: 0, "model": good}, 30)
+    assert sum(p.startswith("model:") for p in picks) >= 25
+    assert sum(p.startswith("suffix:") for p in picks) <= 2
+
+
+def test_auto_runs_on_the_target_alone_when_no_drafter_pays() -> None:
+    models = auto_models()
+    for _ in range(20):
+        picks = run_auto(models, {"suffix": lambda k: 0, "model": lambda k: 0}, 30)
+    assert picks.count("none") >= 27

@@ -16,7 +16,7 @@ from trtspec.control import (
     SpeculationGovernor,
     parse_policy,
 )
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 LONG = 100  # context tokens: the long_context rule speculates
 

@@ -15,14 +15,13 @@ from trtspec.control import (
     RequestInfo,
     Speculation,
     SpeculationGovernor,
-    UnreliableDraft,
-    WrongTokenDraft,
     parse_policy,
 )
 from trtspec.runtime.pair import ModelPair, load_pair
-from trtspec.spec import GenerationRequest, SpeculativeDecoder, StopCriteria
-from trtspec.spec.protocols import LanguageModel
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding import GenerationRequest, SpeculativeDecoder, StopCriteria
+from trtspec.decoding.protocols import LanguageModel
+from trtspec.decoding.types import IterationOutcome
+from trtspec.testing.faults import UnreliableDraft, WrongTokenDraft
 
 PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtspec.control import FakeClock, RollingRejection, rejection_rate
-from trtspec.spec.types import IterationOutcome, SpecStats
+from trtspec.decoding.types import IterationOutcome, SpecStats
 
 
 def test_rejection_rate_is_one_minus_accepted_over_drafted() -> None:

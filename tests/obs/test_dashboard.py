@@ -18,7 +18,8 @@ from trtspec.obs.rules import alert_rules, rule_expressions, signals
 
 runner = CliRunner()
 NAME = re.compile(r"\btrtspec_[a-z_]+\b")
-ALLOWED_LABELS = {"model", "route", "reason", "outcome", "position", "bucket", "state", "from_state", "to_state", "role"}
+ALLOWED_LABELS = {"model", "route", "reason", "outcome", "position", "bucket", "state", "from_state", "to_state", "role",
+                  "drafter"}
 
 
 def _all_expressions() -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 
 from trtspec.obs.profiling import IterationProfiler
 from trtspec.runtime.pair import ModelPair
-from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 
 
 def _request(pair: ModelPair, n: int) -> GenerationRequest:

@@ -17,7 +17,7 @@ from trtspec.obs.rules import signals
 from trtspec.obs.sinks import PrometheusClientSink
 from trtspec.runtime.pair import ModelPair
 from trtspec.serving.launcher import free_port
-from trtspec.spec import GenerationRequest, StopCriteria
+from trtspec.decoding import GenerationRequest, StopCriteria
 
 PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2 3"]
 KINDS = [("normal", "auto"), ("high", "auto"), ("normal", "off"), ("normal", "auto")]

@@ -3,6 +3,7 @@ on the registry agrees with what the loop recorded per request and per iteration
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -14,8 +15,8 @@ from trtspec.obs import metrics as M
 from trtspec.obs.recorder import SpecMetrics, TokenTimer
 from trtspec.obs.sinks import PrometheusClientSink, TritonMetricSink
 from trtspec.runtime.pair import ModelPair
-from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
-from trtspec.spec.types import IterationOutcome, SpecStats
+from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding.types import IterationOutcome, SpecStats
 from trtspec.testing.fake_triton import FakeTriton
 
 PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2"]
@@ -90,8 +91,8 @@ def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClie
 
     total = lambda attr: sum(getattr(s, attr) for _, s in stats)  # noqa: E731
     assert total("drafted_tokens") > 0 and total("accepted_tokens") > 0
-    assert _v(sink, "trtspec_drafted_tokens_total") == total("drafted_tokens")
-    assert _v(sink, "trtspec_accepted_tokens_total") == total("accepted_tokens")
+    assert _v(sink, "trtspec_drafted_tokens_total", drafter="model") == total("drafted_tokens")
+    assert _v(sink, "trtspec_accepted_tokens_total", drafter="model") == total("accepted_tokens")
     assert _v(sink, "trtspec_bonus_tokens_total") == total("bonus_tokens")
     assert _v(sink, "trtspec_emitted_tokens_total") == total("emitted_tokens")
 
@@ -133,6 +134,14 @@ def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClie
     itl = sink.total("trtspec_inter_token_latency_seconds_count")
     assert itl == chunks_with_tokens - len(stats)  # one per chunk after each request's first
     assert 1 <= _v(sink, "trtspec_draft_length") <= 4
+
+
+def test_drafted_and_accepted_tokens_are_counted_by_drafter(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    metrics.iteration(dataclasses.replace(_outcome(4, 3), drafter="ngram"))
+    metrics.iteration(dataclasses.replace(_outcome(2, 1), drafter="model"))
+    metrics.iteration(dataclasses.replace(_outcome(3, 0), drafter="suffix"))
+    assert [_v(sink, "trtspec_drafted_tokens_total", drafter=d) for d in ("model", "ngram", "suffix")] == [2, 4, 3]
+    assert [_v(sink, "trtspec_accepted_tokens_total", drafter=d) for d in ("model", "ngram", "suffix")] == [1, 3, 0]
 
 
 def test_exposition_names_match_the_table(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:

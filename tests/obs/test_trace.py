@@ -15,7 +15,7 @@ from trtspec.obs import metrics as M
 from trtspec.obs.recorder import SpecMetrics
 from trtspec.obs.sinks import PrometheusClientSink
 from trtspec.obs.trace import RejectionTracer, read_events, summarize
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 runner = CliRunner()
 T0 = datetime(2025, 3, 3, 9, 15, tzinfo=timezone.utc).timestamp()  # a Monday, 09:15 UTC

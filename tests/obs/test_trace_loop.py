@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.control.faults import WrongTokenDraft
+from trtspec.testing.faults import WrongTokenDraft
 from trtspec.obs.recorder import SpecMetrics
 from trtspec.obs.sinks import PrometheusClientSink
 from trtspec.obs.trace import RejectionTracer, read_events, summarize
 from trtspec.runtime.pair import ModelPair
-from trtspec.spec import FixedDraftLength, GenerationRequest, SamplingParams, SpeculativeDecoder, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, SamplingParams, SpeculativeDecoder, StopCriteria
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)], ids=["greedy", "sampled"])
 def test_loop_rejections_are_traced(tiny_pair: ModelPair, tmp_path: Path, sampling: SamplingParams) -> None:

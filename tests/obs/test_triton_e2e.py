@@ -25,7 +25,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trtspec.obs.dashboard import dashboard, dashboard_expressions
-from trtspec.obs.rules import AlertConfig, alert_rules, signals, write_monitoring
+from trtspec.obs.monitoring import write_monitoring
+from trtspec.obs.rules import AlertConfig, alert_rules, signals
 from trtspec.serving.client import ClientResult, GenerateParams, generate
 from trtspec.serving.launcher import TritonServer
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from trtspec.build.repo import write_model_repo
+from trtspec.builder.repo import write_model_repo
 from trtspec.serving import statusfile
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
+from trtspec.testing.tiny import pair_paths
 
 MAX_TOKENS_LIMIT = 200  # as tiny_repo in tests/conftest.py
 
@@ -100,3 +101,12 @@ draft_length:
 breaker: {enabled: false}
 fallback: {enabled: false}
 """
+
+
+def long_context_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny target and draft that hold 4,096 tokens (``tiny-long``): a ~3,300-token prompt takes them
+    about a second to prefill on 2 cores (the usual tiny models hold 256 and prefill in milliseconds)."""
+    return pair_paths("tiny-long", root)
+
+
+LONG_PROMPT = "word " * 1100  # ~3,300 tokens with the tiny tokenizer

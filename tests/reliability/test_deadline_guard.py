@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from trtspec.serving.deadline import AdaptiveDeadline
+from trtspec.serving.deadline import AdaptiveDeadline, Work, WorkDeadline
 from trtspec.serving.guard import GuardedModel
-from trtspec.spec import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
-from trtspec.spec.types import Proposal, SamplingParams
+from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
+from trtspec.decoding.types import Proposal, SamplingParams
 
 
 def test_deadline_is_max_until_measured_then_multiplier_times_p95_clamped():
@@ -72,6 +72,7 @@ class Hooks:
         self.late: list[tuple[int, float]] = []
         self.errors: list[tuple[int, BaseException]] = []
         self.error_seen = threading.Event()
+        self.late_answers = 0
 
     def on_ok(self, seconds: float) -> None:
         self.ok.append(seconds)
@@ -82,6 +83,9 @@ class Hooks:
     def on_error(self, k: int, error: BaseException, started_at: float) -> None:
         self.errors.append((k, error))
         self.error_seen.set()
+
+    def on_late_answer(self) -> None:
+        self.late_answers += 1
 
 
 class GatedDraft:
@@ -168,7 +172,7 @@ def test_a_late_draft_is_dropped_and_the_request_goes_on_with_the_target_alone()
     hooks = Hooks()
     pool = ThreadPoolExecutor(4)
     draft = GatedDraft(gate)
-    guarded = GuardedModel(draft, pool, lambda ahead: 0.05, hooks, late_error=lambda s: Late(f"late after {s}s"),
+    guarded = GuardedModel(draft, pool, lambda work: 0.05, hooks, late_error=lambda s: Late(f"late after {s}s"),
                            close_async=True)
     try:
         got, alone = run(guarded)
@@ -186,7 +190,7 @@ def test_an_abandoned_call_that_fails_later_is_still_reported():
     hooks = Hooks()
     pool = ThreadPoolExecutor(2)
     draft = GatedDraft(gate, fail=RuntimeError("Stub process 'draft_0_0' is not healthy."))
-    guarded = GuardedModel(draft, pool, lambda ahead: 0.05, hooks, late_error=lambda s: Late("late"), close_async=True)
+    guarded = GuardedModel(draft, pool, lambda work: 0.05, hooks, late_error=lambda s: Late("late"), close_async=True)
     session = guarded.new_session()
     with pytest.raises(Late):
         session.propose([1, 2], 3, SamplingParams(), None)
@@ -202,10 +206,10 @@ def test_on_time_calls_are_measured_and_errors_reported_with_k():
     gate.set()
     hooks = Hooks()
     with ThreadPoolExecutor(2) as pool:
-        ok = GuardedModel(GatedDraft(gate), pool, lambda ahead: 5.0, hooks, late_error=lambda s: Late())
+        ok = GuardedModel(GatedDraft(gate), pool, lambda work: 5.0, hooks, late_error=lambda s: Late())
         ok.new_session().propose([1, 2], 3, SamplingParams(), None)
         assert len(hooks.ok) == 1 and 0 <= hooks.ok[0] < 5.0
-        bad = GuardedModel(GatedDraft(gate, fail=ValueError("boom")), pool, lambda ahead: None, hooks, late_error=lambda s: Late())
+        bad = GuardedModel(GatedDraft(gate, fail=ValueError("boom")), pool, lambda work: None, hooks, late_error=lambda s: Late())
         with pytest.raises(ValueError):
             bad.new_session().propose([1, 2], 2, SamplingParams(), None)  # no deadline: inline, same reporting
     assert [(k, str(e)) for k, e in hooks.errors] == [(2, "boom")]
@@ -216,8 +220,8 @@ def test_the_guard_counts_running_calls_for_the_deadline_and_measures_one_calls_
     hooks = Hooks()
     asked: list[int] = []
 
-    def deadline(ahead: int) -> float:
-        asked.append(ahead)
+    def deadline(work: Work) -> float:
+        asked.append(work.calls_ahead)
         return 30.0
 
     with ThreadPoolExecutor(4) as pool:
@@ -238,3 +242,91 @@ def test_the_guard_counts_running_calls_for_the_deadline_and_measures_one_calls_
     assert guarded.running == 0
     second = min(hooks.ok)  # the first call waited longer and is measured whole; the second is halved
     assert wall >= 0.29 and 0.4 * wall <= second <= 0.5 * wall + 1e-3
+
+
+# -- work-scaled deadlines, progress, chunked prefill ------------------------------------
+
+
+def test_work_deadline_grows_with_the_tokens_of_the_pass_and_of_the_calls_ahead():
+    d = WorkDeadline(base_s=30.0, per_token_s=0.05)
+    assert d(Work(tokens=1)) == pytest.approx(30.05)  # a decode step
+    assert d(Work(tokens=6700)) == pytest.approx(365.0)  # a long prompt's prefill
+    assert d(Work(tokens=1, calls_ahead=1, tokens_ahead=512)) == pytest.approx(55.65)  # behind a prefill chunk
+    with pytest.raises(ValueError):
+        WorkDeadline(base_s=0.0, per_token_s=0.05)
+
+
+class RecordingLM:
+    """An in-process LM (the tiny target) whose sessions record the size of every pass."""
+
+    def __init__(self, lm) -> None:
+        self.lm = lm
+        self.passes: list[tuple[int, int]] = []  # (tokens, num_logits)
+        self.vocab_size = lm.vocab_size
+        self.max_context = lm.max_context
+
+    def new_session(self, session_id: str = ""):
+        inner = self.lm.new_session(session_id)
+        outer = self
+
+        class Session:
+            num_cached = property(lambda self: inner.num_cached)
+
+            def forward(self, token_ids, num_logits):
+                outer.passes.append((len(token_ids), num_logits))
+                return inner.forward(token_ids, num_logits)
+
+            def truncate(self, length):
+                inner.truncate(length)
+
+            def close(self):
+                inner.close()
+
+        return Session()
+
+
+def test_a_long_pass_is_fed_in_chunks_with_the_same_logits(tiny_pair):
+    target = tiny_pair.target.lm
+    ids = [(i * 7 + 3) % target.vocab_size for i in range(200)]
+    whole = target.new_session()
+    expected = whole.forward(ids, 3)
+    whole.close()
+    rec = RecordingLM(target)
+    hooks = Hooks()
+    with ThreadPoolExecutor(2) as pool:
+        guarded = GuardedModel(rec, pool, lambda work: 30.0, hooks, late_error=lambda s: Late(), prefill_chunk=64)
+        session = guarded.new_session()
+        got = session.forward(ids, 3)
+        assert rec.passes == [(64, 0), (64, 0), (64, 0), (8, 3)]  # other calls may run between them
+        assert torch.allclose(got, expected, atol=1e-4)
+        rec.passes.clear()
+        session.forward([5, 6], 2)  # a decode step is one call
+        assert rec.passes == [(2, 2)]
+        guarded.prefill_chunk = 100
+        session2 = guarded.new_session()
+        rec.passes.clear()
+        session2.forward(ids[:101], 5)  # the last call holds the wanted positions
+        assert rec.passes == [(96, 0), (5, 5)]
+    assert len(hooks.ok) == 7 and not hooks.late
+
+
+def test_busy_while_calls_progress_within_their_bound_and_not_once_one_is_stuck():
+    gate = threading.Event()
+    hooks = Hooks()
+    stuck = {"after": 30.0}
+    with ThreadPoolExecutor(4) as pool:
+        guarded = GuardedModel(GatedDraft(gate), pool, lambda work: 0.05, hooks, late_error=lambda s: Late(),
+                               close_async=True, stuck_after=lambda work: stuck["after"])
+        assert not guarded.busy()  # nothing in flight
+        with pytest.raises(Late):
+            guarded.new_session().propose([1, 2], 2, SamplingParams(), None)
+        assert guarded.busy()  # late for its use, still within the bound: working
+        snap = guarded.snapshot()
+        assert snap["in_flight"] == 1 and snap["tokens_in_flight"] == 4 and snap["stuck_calls"] == 0
+        stuck["after"] = 0.0
+        with pytest.raises(Late):
+            guarded.new_session().propose([1, 2], 2, SamplingParams(), None)
+        assert not guarded.busy() and guarded.snapshot()["stuck_calls"] == 1  # one ran past its bound
+        gate.set()
+    assert guarded.running == 0 and guarded.last_answer is not None
+    assert hooks.late_answers == 2  # the abandoned calls answered after all: alive, not dead

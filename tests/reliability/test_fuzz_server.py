@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_helpers import MAX_TOKENS_LIMIT, PROMPTS, metric
 
-from trtspec.protocol import SPEC_DECODE_INPUTS
+from trtspec.wire import SPEC_DECODE_INPUTS
 from trtspec.serving import stubs
 from trtspec.serving.client import ClientError, GenerateParams, generate_grpc, stream_infer
 
@@ -160,7 +160,7 @@ GRPC_CASES = {
     "huge max_tokens": ({"max_tokens": ("INT32", np.array([[2**31 - 1]], dtype=np.int32))}, f"<= {MAX_TOKENS_LIMIT}"),
     "NaN temperature": ({"temperature": ("FP32", np.array([[np.nan]], dtype=np.float32))}, "must be finite"),
     "top_p above 1": ({"top_p": ("FP32", np.array([[1.5]], dtype=np.float32))}, "top_p must be in (0, 1]"),
-    "top_p zero": ({"top_p": ("FP32", np.array([[0.0]], dtype=np.float32))}, "top_p must be in (0, 1]"),
+    "top_p negative": ({"top_p": ("FP32", np.array([[-0.5]], dtype=np.float32))}, "top_p must be in (0, 1]"),
     "unknown speculation": ({"speculation": ("BYTES", np.array([[b"sometimes"]], dtype=object))}, "speculation must be one of"),
     "thousands of stop words": (
         {"stop_words": ("BYTES", np.array([[f"w{i}".encode() for i in range(3000)]], dtype=object))},

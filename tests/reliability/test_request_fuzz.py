@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trtspec.errors import InvalidRequestError
-from trtspec.protocol import PRIORITIES, SPEC_DECODE_INPUTS
+from trtspec.wire import SPEC_DECODE_INPUTS, Priority
 from trtspec.serving.request import MAX_STOP_WORDS, ServeRequest, parse_request
 
 LIMIT = 200
@@ -69,7 +69,7 @@ def check(inputs: dict) -> ServeRequest | str:
     assert s.greedy or s.temperature >= 1e-5  # tiny temperatures are greedy: float32 stays finite
     assert 1e-30 <= s.top_p <= 1.0 and 0 <= s.top_k < 2**31 and (s.seed is None or 0 <= s.seed < 2**64)
     assert len(req.stop_words) <= MAX_STOP_WORDS and all(req.stop_words)
-    assert req.priority in PRIORITIES
+    assert req.priority in Priority
     return req
 
 
@@ -88,7 +88,7 @@ def test_any_inputs_parse_or_are_refused_in_one_line(inputs):
     top_p=st.floats(0, 1, exclude_min=True),
     seed=st.one_of(st.none(), st.integers(0, 2**63 - 1)),
     stops=st.lists(st.text(max_size=20), max_size=8),
-    priority=st.sampled_from(PRIORITIES),
+    priority=st.sampled_from([p.value for p in Priority]),
     speculation=st.sampled_from(["auto", "on", "off", ""]),
 )
 def test_well_formed_requests_are_accepted_as_sent(text, max_tokens, temperature, top_k, top_p, seed, stops, priority, speculation):
@@ -125,7 +125,7 @@ BAD = {
     "NaN temperature": ({"text_input": "hi", "max_tokens": 5, "temperature": math.nan}, "must be finite"),
     "huge int temperature": ({"text_input": "hi", "max_tokens": 5, "temperature": 10**400}, "must be finite"),
     "negative temperature": ({"text_input": "hi", "max_tokens": 5, "temperature": -1.0}, "temperature must be >= 0"),
-    "top_p 0": ({"text_input": "hi", "max_tokens": 5, "top_p": 0.0}, "top_p must be in (0, 1]"),
+    "top_p negative": ({"text_input": "hi", "max_tokens": 5, "top_p": -0.5}, "top_p must be in (0, 1]"),
     "top_p 1.5": ({"text_input": "hi", "max_tokens": 5, "top_p": 1.5}, "top_p must be in (0, 1]"),
     "negative top_k": ({"text_input": "hi", "max_tokens": 5, "top_k": -1}, "top_k must be an integer >= 0 and <="),
     "huge top_k": ({"text_input": "hi", "max_tokens": 5, "top_k": 2**40}, "top_k must be an integer >= 0 and <="),
@@ -159,7 +159,7 @@ def test_normalisations_keep_sampling_finite():
     assert tiny_p.sampling.top_p == 1e-30
     import torch
 
-    from trtspec.spec.acceptance import warp_probs
+    from trtspec.decoding.acceptance import warp_probs
 
     probs = warp_probs(torch.randn(2, 50) * 10, tiny_p.sampling)
     assert torch.isfinite(probs).all() and torch.allclose(probs.max(-1).values, torch.ones(2))

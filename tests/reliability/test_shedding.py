@@ -42,7 +42,7 @@ def test_beyond_the_queue_requests_are_refused_at_once_with_a_clear_error(pb):
         c.wait(60)
         assert c.error is None, c.error
     model = pb._models["spec_decode"].instance
-    assert model.outcomes["unavailable"] == 1 and model._in_flight == 0
+    assert model.service.outcomes["unavailable"] == 1 and model.service.in_flight == 0
 
 
 def test_while_the_target_is_known_down_requests_fail_fast(pb):

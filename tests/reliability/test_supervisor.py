@@ -213,3 +213,57 @@ def test_errors_of_calls_made_before_the_last_recovery_are_ignored(clock):
     assert sup.report_error("Stub process 'draft_0_0' is not healthy.", fatal=True, started_at=before) is False
     assert sup.healthy
     assert sup.report_error("a fresh failure", started_at=clock.now) is True and sup.state is Health.SUSPECT
+
+
+# -- busy is not dead ------------------------------------------------------------------
+
+
+def test_a_busy_healthy_model_gets_no_liveness_probe_its_calls_in_flight_are_the_check(clock):
+    busy = [True]
+    sup, _ = make(clock, busy=lambda: busy[0])
+    script = Script(clock, probes=[True])
+    clock.advance(60.0)  # a long prefill: nothing answered for far longer than health_interval_s
+    assert sup.due()[0] is None and sup.snapshot()["probe"]["state"] == "waiting"
+    sup.step(script.reload, script.probe)
+    assert script.calls == [] and sup.healthy
+    busy[0] = False  # the call ended (or ran past its bound): now the model is probed
+    assert sup.due()[0] is Action.PROBE
+
+
+def test_a_busy_suspect_model_waits_for_its_calls_and_one_answering_clears_it(clock):
+    sup, seen = make(clock, busy=lambda: True)
+    sup.report_error("2 calls late")
+    script = Script(clock)
+    clock.advance(30.0)
+    sup.step(script.reload, script.probe)
+    assert script.calls == [] and sup.state is Health.SUSPECT  # no probe queued behind the work
+    sup.report_ok()  # one of them answered: alive
+    assert sup.healthy and seen[-1] == (Health.SUSPECT, Health.HEALTHY) and sup.reloads == 0
+
+
+def test_no_reload_under_progressing_calls_unless_the_stub_is_dead(clock):
+    busy = [False]
+    sup, _ = make(clock, busy=lambda: busy[0])
+    script = Script(clock, reloads=[True, True], probes=[False, True, True])
+    sup.report_error("a call failed")
+    sup.step(script.reload, script.probe, max_actions=1)  # the probe fails: FAILED
+    assert sup.state is Health.FAILED
+    busy[0] = True  # requests started meanwhile and progress
+    assert sup.due()[0] is None
+    sup.step(script.reload, script.probe)
+    assert [c for c, _ in script.calls] == ["probe"] and sup.state is Health.FAILED
+    sup2, _ = make(clock, busy=lambda: True)
+    sup2.report_error("Stub process 'draft_0_0' is not healthy.", fatal=True)
+    assert sup2.due()[0] is Action.RELOAD  # Triton says dead: its calls in flight fail anyway
+
+
+def test_the_snapshot_says_what_the_probe_did(clock):
+    sup, _ = make(clock)
+    clock.advance(5.0)
+
+    def probe() -> None:
+        clock.advance(0.25)
+
+    sup.step(None, probe, max_actions=1)
+    p = sup.snapshot()["probe"]
+    assert p["state"] == "idle" and p["last_ok"] is True and p["last_seconds"] == pytest.approx(0.25)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.build.repo import write_model_repo
+from trtspec.builder.repo import write_model_repo
 from trtspec.serving.client import GenerateParams, generate_grpc, generate_http
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
-from trtspec.spec import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtspec.build.repo import lm_config
+from trtspec.builder.repo import lm_config
 from trtspec.serving.triton import lm
 from trtspec.testing.fake_triton import FakeTriton, Tensor, TritonError
 

@@ -1,4 +1,4 @@
-"""trtspec.build.repo: the model repository the server loads (proved loadable by the e2e tests)."""
+"""trtspec.builder.repo: the model repository the server loads (proved loadable by the e2e tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.build.repo import model_py, render_pbtxt, write_model_repo
+from trtspec.builder.repo import model_py, render_pbtxt, write_model_repo
 from trtspec.errors import CheckpointError, IncompatibleModelsError
 
 
@@ -47,11 +47,13 @@ def test_rewriting_is_idempotent(tmp_path, tiny_target, tiny_draft):
     assert snapshot(repo) == before  # same bytes, files not even touched
 
 
-def test_without_a_draft_the_repository_serves_the_target_alone(tmp_path, tiny_target, tiny_draft):
+def test_without_a_draft_the_repository_serves_ngram_speculation(tmp_path, tiny_target, tiny_draft):
     repo = write_model_repo(tmp_path / "repo", target_checkpoint=tiny_target, draft_checkpoint=tiny_draft)
+    assert params(repo / "spec_decode" / "config.pbtxt")["default_drafter"] == "model"
     write_model_repo(tmp_path / "repo", target_checkpoint=tiny_target)  # the draft we wrote goes away
     assert sorted(p.name for p in repo.iterdir()) == ["spec_decode", "target"]
-    assert params(repo / "spec_decode" / "config.pbtxt")["draft_model"] == ""
+    sd = params(repo / "spec_decode" / "config.pbtxt")
+    assert sd["draft_model"] == "" and sd["default_drafter"] == "ngram"
 
 
 def test_a_draft_directory_we_did_not_write_is_left_alone(tmp_path, tiny_target):
@@ -100,3 +102,15 @@ def test_a_tensorrtllm_repo_has_spec_decode_only_and_drops_our_torch_models(tmp_
     assert 'key: "model_backend" value: { string_value: "tensorrtllm" }' in text
     with pytest.raises(ValueError, match="model_backend must be python or tensorrtllm"):
         write_model_repo(repo, target_checkpoint=tiny_target, model_backend="vllm")
+
+
+def test_spec_decode_can_be_served_under_another_name(tmp_path, tiny_target):
+    from trtspec.builder.repo import served_model_name
+    from trtspec.errors import CheckpointError
+
+    repo = write_model_repo(tmp_path / "repo", target_checkpoint=tiny_target, model_name="tensorrt_llm_bls")
+    assert 'name: "tensorrt_llm_bls"' in (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    assert served_model_name(repo) == "tensorrt_llm_bls" and served_model_name(tmp_path) is None
+    for bad in ("target", "a/b", ""):
+        with pytest.raises(CheckpointError, match="model name"):
+            write_model_repo(tmp_path / "bad", target_checkpoint=tiny_target, model_name=bad)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from trtspec.errors import InvalidRequestError
-from trtspec.protocol import Speculation
+from trtspec.decoding.types import DrafterKind
+from trtspec.wire import Speculation
 from trtspec.serving.request import parse_request
 
 
@@ -38,7 +39,8 @@ def test_minimal_request_gets_the_defaults():
     r = parse(text_input="hello", max_tokens=5)
     assert (r.text, r.max_tokens, r.stream, r.priority, r.request_id) == ("hello", 5, False, "normal", "r1")
     assert r.sampling.greedy and r.sampling.top_k == 0 and r.sampling.top_p == 1.0 and r.sampling.seed is None
-    assert r.speculation is Speculation.auto and r.stop_words == ()
+    assert r.speculation is Speculation.AUTO and r.stop_words == ()
+    assert r.apply_chat_template is None  # the model's parameter decides
 
 
 def test_every_optional_input_is_read():
@@ -54,12 +56,15 @@ def test_every_optional_input_is_read():
         priority="HIGH",
         speculation="OFF",
         bad_words=[""],
+        apply_chat_template=False,
+        drafter="Suffix",
     )
-    assert r.text == "héllo" and r.stream and r.priority == "high"
+    assert r.drafter is DrafterKind.SUFFIX
+    assert r.text == "héllo" and r.stream and r.priority == "high" and r.apply_chat_template is False
     assert r.sampling.temperature == 0.5 and r.sampling.top_k == 40 and r.sampling.top_p == pytest.approx(0.9)
     assert r.sampling.seed == 3
     assert r.stop_words == ("\n\n", "END")  # empty stop words are dropped (TensorRT-LLM clients send "")
-    assert r.speculation is Speculation.off
+    assert r.speculation is Speculation.OFF
 
 
 def test_random_seed_is_the_tensorrt_llm_name_for_seed():
@@ -93,9 +98,10 @@ def test_generate_parameters_are_read_when_no_tensor_carries_the_input():
         (dict(text_input=["a", "b"], max_tokens=2), "must hold one value (one prompt per request, batch size 1), got 2"),
         (dict(text_input=np.array([[b"\xff\xfe"]], dtype=object), max_tokens=2), "input 'text_input' is not valid UTF-8"),
         (dict(text_input="x", max_tokens=2, speculation="maybe"), "speculation must be one of auto, on, off; got 'maybe'"),
+        (dict(text_input="x", max_tokens=2, drafter="lookup"), "drafter must be one of model, ngram, suffix, auto; got 'lookup'"),
         (dict(text_input="x", max_tokens=2, temperature=-1.0), "temperature must be >= 0"),
         (dict(text_input="x", max_tokens=2, temperature=float("nan")), "input 'temperature' must be finite"),
-        (dict(text_input="x", max_tokens=2, top_p=0.0), "top_p must be in (0, 1]"),
+        (dict(text_input="x", max_tokens=2, top_p=-0.1), "top_p must be in (0, 1]"),
         (dict(text_input="x", max_tokens=2, top_k=-1), "top_k must be an integer >= 0"),
         (dict(text_input="x", max_tokens=2, seed=-4), "seed must be a non-negative integer"),
         (dict(text_input="x", max_tokens=2, priority="urgent"), "priority must be one of high, normal, low; got 'urgent'"),
@@ -109,3 +115,42 @@ def test_bad_requests_get_one_line_messages(values, message):
         parse(**values)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_exact_selects_position_keyed_sampling():
+    assert not parse(text_input="x", max_tokens=1).sampling.exact
+    r = parse(text_input="x", max_tokens=1, temperature=np.array([[0.7]], dtype=np.float32),
+              seed=np.array([[3]], dtype=np.int64), exact=np.array([[True]]))
+    assert r.sampling.exact and r.sampling.seed == 3
+
+
+def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():
+    assert parse(text_input="x", max_tokens=1, temperature=1.0, top_p=0.0, top_k=0).sampling.greedy
+    r = parse(text_input="x", max_tokens=1, temperature=1.0, top_p=0.0, top_k=40).sampling
+    assert not r.greedy and r.top_p == 1.0 and r.top_k == 40
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (dict(beam_width=np.array([[4]], dtype=np.int32)), "beam_width 4: trtspec decodes one beam (only 1)"),
+    (dict(presence_penalty=0.5), "presence_penalty 0.5: trtspec does not support presence_penalty (only 0.0)"),
+    (dict(decoder_text_input=np.array([[b"x"]], dtype=object)), "decoder_text_input 'x': trtspec serves decoder-only"),
+    (dict(prompt_embedding_table=np.ones((1, 2, 3), dtype=np.float16)), "prompt_embedding_table 1.0: trtspec does no"),
+    (dict(num_draft_tokens=-1), "num_draft_tokens must be >= 0, got -1"),
+    (dict(num_draft_tokens=0, speculation="on"), "num_draft_tokens 0 contradicts speculation 'on'"),
+    (dict(end_id=-2), "end_id must be a token id, or -1 for none; got -2"),
+])
+def test_tensorrt_llm_inputs_we_cannot_honour_are_refused_naming_the_value(values, message):
+    with pytest.raises(InvalidRequestError) as info:
+        parse(text_input="x", max_tokens=1, **values)
+    assert str(info.value).startswith(message)
+
+
+def test_tensorrt_llm_inputs_at_their_neutral_values_pass_and_the_honoured_ones_are_read():
+    r = parse(text_input="x", max_tokens=1, beam_width=1, num_return_sequences=1, repetition_penalty=1.0,
+              min_tokens=1, return_log_probs=False, length_penalty=0.7, pad_id=2, use_draft_logits=True,
+              return_perf_metrics=True, embedding_bias_words=[""], exclude_input_in_output=False,
+              num_draft_tokens=3, end_id=-1)
+    assert r.echo_prompt and r.max_draft_tokens == 3 and r.end_id == -1
+    assert parse(text_input="x", max_tokens=1, num_draft_tokens=0).speculation is Speculation.OFF
+    streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
+    assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens

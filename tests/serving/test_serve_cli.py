@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from trtspec.build.repo import write_model_repo
+from trtspec.builder.repo import write_model_repo
 from trtspec.cli.client import generate_url
 from trtspec.serving.launcher import ServerError, find_tritonserver
 
@@ -80,7 +80,7 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
     log_file = tmp_path / "server.log"
     args = [sys.executable, "-c", SERVE, "--model-repo", str(target_only_repo), "--host", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--status-port", "0",
-            "--log-file", str(log_file), "--json"]
+            "--openai-port", "0", "--log-file", str(log_file), "--json"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -95,6 +95,11 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         body = json.dumps({"text_input": "Hello", "max_tokens": 4, "speculation": "off"}).encode()
         out = json.loads(urllib.request.urlopen(urllib.request.Request(info["endpoints"]["generate"], data=body), timeout=60).read())
         assert out["num_output_tokens"] == 4 and out["num_draft_tokens"] == 0
+        openai_url = info["endpoints"]["openai"]  # the OpenAI-compatible endpoint beside it
+        body = json.dumps({"model": "spec_decode", "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{openai_url}/completions", data=body, headers={"Content-Type": "application/json"})
+        completion = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        assert completion["usage"]["completion_tokens"] == 4 and completion["choices"][0]["text"] == out["text_output"]
         status = json.loads(urllib.request.urlopen(info["endpoints"]["status"], timeout=60).read())
         assert status["ready"] and status["models"]["target"]["answers"] and "draft" not in status["models"]
         assert status["speculation"] == "off" and status["speculation_reason"] == "no draft model deployed"
@@ -106,6 +111,8 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
             proc.wait()
     with pytest.raises(ProcessLookupError):
         os.kill(server_pid, 0)  # tritonserver is gone too
+    with pytest.raises(OSError):  # and so is the OpenAI endpoint
+        urllib.request.urlopen(f"{openai_url}/models", timeout=10)
     assert "successfully unloaded 'target'" in log_file.read_text()
 
 

@@ -74,6 +74,18 @@ def test_speculation_off_runs_the_target_alone(triton, reference):
     assert r.acceptance_rate is None
 
 
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "auto"])
+def test_every_drafter_is_served_and_greedy_output_is_the_targets(triton, reference, drafter):
+    """The ``drafter`` input through real Triton, gRPC and HTTP: same tokens as the target alone;
+    the server counts drafted tokens under that drafter."""
+    ref = reference(PROMPTS[3], 24)
+    r = generate_grpc(triton.endpoints.grpc, PROMPTS[3], GenerateParams(max_tokens=24, drafter=drafter))
+    h = generate_http(triton.endpoints.http, PROMPTS[3], GenerateParams(max_tokens=24, drafter=drafter), stream=False)
+    assert r.output_ids == ref.token_ids and h.output_ids == ref.token_ids
+    text = urllib.request.urlopen(triton.endpoints.metrics_url, timeout=10).read().decode()
+    assert re.search(r'trtspec_drafted_tokens_total\{[^}]*drafter="ngram"', text)  # labelled by drafter
+
+
 def test_ten_concurrent_streams_each_equal_the_target_alone(triton, reference):
     started = threading.Barrier(len(PROMPTS))
 

@@ -10,8 +10,8 @@ import torch
 
 from trtspec.errors import InvalidRequestError
 from trtspec.serving.sessions import SessionStore
-from trtspec.spec import SamplingParams
-from trtspec.spec.drafting import propose_locally
+from trtspec.decoding import SamplingParams
+from trtspec.decoding.drafting import propose_locally
 
 ATOL = 1e-4
 

@@ -31,7 +31,7 @@ def pb(tiny_target: Path, tiny_draft: Path, static_policy: Path):
 def test_warm_up_runs_the_loop_without_touching_the_models(pb):
     model = pb._models["spec_decode"].instance
     calls = dict(pb.bls_calls)
-    took = model.warm_up()  # fake_deployment loads with warm-up off; run it by hand
+    took = model.service.warm_up()  # fake_deployment loads with warm-up off; run it by hand
     assert took > 0 and pb.bls_calls == calls  # in-process dummies only: draft/target warm themselves
 
 
@@ -89,7 +89,7 @@ def test_cancellation_stops_the_loop(pb):
     call = pb.client_request("spec_decode", {"text_input": PROMPTS[0], "max_tokens": 150, "stream": True, "speculation": "off"})
     call.sender.on_send = lambda resp, flags: call.request.cancel()  # the client goes away after the first chunk
     model = pb._models["spec_decode"].instance
-    before = model.outcomes.copy()
+    before = model.service.outcomes.copy()
     pb.execute("spec_decode", [call])
     call.wait(60)
     assert call.sender.final_count == 1
@@ -97,7 +97,7 @@ def test_cancellation_stops_the_loop(pb):
     assert call.error.message() == "request cancelled by the client"
     text_chunks = [r for r in call.responses if not r.has_error()]
     assert len(text_chunks) == 1  # the loop stopped at the next iteration
-    assert model.outcomes["cancelled"] == before["cancelled"] + 1
+    assert model.service.outcomes["cancelled"] == before["cancelled"] + 1
 
 
 def wait_healthy(pb: FakeTriton, which: str, timeout_s: float = 30.0) -> None:
@@ -149,26 +149,30 @@ def test_seeded_sampling_repeats(pb):
     assert a.error is None and list(final_value(a, "output_ids")) == list(final_value(b, "output_ids"))
 
 
-def test_speculation_on_without_a_draft_is_refused(tiny_target: Path):
+def test_speculation_on_with_the_draft_model_but_none_deployed_is_refused(tiny_target: Path):
+    """Without a draft model the repository's default drafter is ngram: ``on`` is served by it."""
     pb = fake_deployment(tiny_target, None, max_tokens_limit=50)
     try:
-        calls = run(pb, [{"text_input": "x", "max_tokens": 3, "speculation": "on"}, {"text_input": "x", "max_tokens": 3}])
+        calls = run(pb, [{"text_input": "x", "max_tokens": 3, "speculation": "on", "drafter": "model"},
+                         {"text_input": "x", "max_tokens": 3, "speculation": "on"},
+                         {"text_input": "x", "max_tokens": 3, "speculation": "off"}])
     finally:
         pb.finalize()
     assert calls[0].error.code() == TritonError.INVALID_ARG and "needs a draft model" in calls[0].error.message()
-    assert calls[1].error is None and final_value(calls[1], "num_draft_tokens") == 0
+    assert calls[1].error is None and calls[2].error is None
+    assert final_value(calls[2], "num_draft_tokens") == 0
 
 
 def test_outcomes_are_counted(pb):
     model = pb._models["spec_decode"].instance
-    before = model.outcomes.copy()
+    before = model.service.outcomes.copy()
     run(pb, [{"text_input": "a", "max_tokens": 2}, {"text_input": "b", "max_tokens": -1}])
-    after = model.outcomes
+    after = model.service.outcomes
     assert after["ok"] == before["ok"] + 1 and after["invalid"] == before["invalid"] + 1
 
 
 def test_a_non_decoupled_config_is_refused_at_load(tiny_target: Path):
-    from trtspec.build.repo import checkpoint_facts, spec_decode_config
+    from trtspec.builder.repo import checkpoint_facts, spec_decode_config
 
     d, vocab, ctx = checkpoint_facts(tiny_target, None)
     cfg = spec_decode_config(tokenizer_dir=str(d), vocab_size=vocab, target_max_context=ctx, draft_max_context=None)

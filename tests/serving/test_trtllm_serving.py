@@ -5,7 +5,7 @@ The ``target``/``draft`` models here are :mod:`trtspec.testing.fake_trtllm`: the
 torch runtime, as an engine built for external draft tokens answers. What is
 tested is ours: the requests ``spec_decode`` sends, how it reads the answers, and
 that greedy output through it is the target's, token for token. The engines
-themselves are tested where a GPU is (tests/build/test_trtllm_gpu.py).
+themselves are tested where a GPU is (tests/builder/test_trtllm_gpu.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from trtspec.serving.triton.bls import BLSError
 from trtspec.serving.triton.trtllm_bls import TrtllmLanguageModel
-from trtspec.spec import SamplingParams, greedy_accept
+from trtspec.decoding import SamplingParams, greedy_accept
 from trtspec.testing.fake_triton import FakeTriton, TritonError, final_value, text_of
 from trtspec.testing.fake_triton import run_batch as run
 from trtspec.testing.fake_trtllm import (
@@ -186,7 +186,7 @@ def test_answers_are_read_with_and_without_the_input_and_nonsense_is_refused(tin
 
 
 def test_an_unknown_model_backend_is_refused_at_load(tiny_target: Path) -> None:
-    from trtspec.build.repo import checkpoint_facts, spec_decode_config
+    from trtspec.builder.repo import checkpoint_facts, spec_decode_config
     from trtspec.serving.triton import spec_decode
 
     hf_dir, vocab, ctx = checkpoint_facts(tiny_target, None)

@@ -124,6 +124,11 @@ def build_doc(result: BenchResult, images: dict[str, bytes]) -> Doc:
               rows, digits=2)
     fr = s.get("fallback_ratio")
     doc.p("Fallback ratio (server counters): " + (f"{fr:.1%}" if fr is not None else "not exported by this server") + ".")
+    abd = s.get("acceptance_by_drafter")
+    if abd:
+        doc.table(["drafter", "drafted", "accepted", "acceptance"],
+                  [[name, v["drafted"], v["accepted"], f"{v['acceptance_rate']:.1%}"] for name, v in abd.items()],
+                  digits=0)
     abp = s.get("acceptance_by_position")
     doc.image("Acceptance by draft position", images["acceptance_png"])
     if abp and abp.get("source", "").startswith("estimate"):

@@ -26,8 +26,9 @@ from datetime import datetime, timezone
 from trtspec.bench import memory as mem
 from trtspec.bench.records import CANCELLED, OTHER, RequestRecord
 from trtspec.bench.stats import summarize
-from trtspec.bench.transport import GrpcTransport, HttpTransport, Transport
+from trtspec.bench.transport import GrpcTransport, HttpTransport, OpenAITransport, Transport
 from trtspec.bench.workload import ArmSplit, OutputLength, Prompt, Workload, WorkloadError, poisson_arrivals
+from trtspec.errors import one_line
 
 RESULTS_VERSION = 1
 MAX_RATE = 200.0  # requests/s: what operators test at; the client must hold it
@@ -52,6 +53,9 @@ class Progress:
 ProgressFn = Callable[[Progress], None]
 
 
+PROTOCOLS = ("grpc", "http", "openai")
+
+
 @dataclass
 class BenchConfig:
     url: str
@@ -63,7 +67,7 @@ class BenchConfig:
     duration_s: float | None = None
     requests: int | None = None
     timeout_s: float = 60.0
-    http: bool = False
+    protocol: str = "grpc"  # grpc | http (Triton's generate_stream) | openai (the OpenAI-compatible endpoint)
     metrics_url: str | None = None
     server_pid: int | None = None  # a local server: sample its processes' memory
     memory_interval_s: float = 1.0
@@ -89,6 +93,8 @@ class BenchConfig:
             raise WorkloadError(f"--requests must be >= 1, got {self.requests}")
         if not self.timeout_s > 0:
             raise WorkloadError(f"--timeout must be > 0, got {self.timeout_s:g}")
+        if self.protocol not in PROTOCOLS:
+            raise WorkloadError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
 
     @property
     def mode(self) -> str:
@@ -97,7 +103,7 @@ class BenchConfig:
     def describe(self) -> dict:
         return {
             "url": self.url,
-            "protocol": "http" if self.http else "grpc",
+            "protocol": self.protocol,
             "mode": self.mode,
             "rate_rps": self.rate,
             "concurrency": self.concurrency,
@@ -145,8 +151,10 @@ class BenchResult:
 
 
 def make_transport(cfg: BenchConfig) -> Transport:
-    if cfg.http:
+    if cfg.protocol == "http":
         return HttpTransport(cfg.url)
+    if cfg.protocol == "openai":
+        return OpenAITransport(cfg.url)
     return GrpcTransport(cfg.url, channels=cfg.channels)
 
 
@@ -207,7 +215,7 @@ async def _measure(cfg: BenchConfig, transport: Transport, progress: ProgressFn 
             rec.done_s = clock()
             if rec.sent_s is None:
                 rec.sent_s = rec.done_s
-            rec.error, rec.error_category = f"client error: {type(e).__name__}: {e}".splitlines()[0], OTHER
+            rec.error, rec.error_category = one_line(f"client error: {type(e).__name__}: {e}"), OTHER
         finally:
             if rec.error is None and rec.done_s is not None:
                 state.answered += 1

@@ -127,7 +127,7 @@ def estimate_k(records: Sequence[RequestRecord]) -> int | None:
     """Drafted tokens per iteration, from speculating requests: the median of ceil(drafted / (chunks - 1)).
 
     One chunk is one iteration; the first is the target's prefill, which never
-    drafts (:mod:`trtspec.spec.loop`), so it does not count. The ceiling undoes the
+    drafts (:mod:`trtspec.decoding.loop`), so it does not count. The ceiling undoes the
     last iteration, which the token budget clips (it drafts at most budget - 1)."""
     ks = [math.ceil(r.drafted / (len(r.chunks) - 1) - 1e-9)
           for r in records if r.answered and r.drafted and len(r.chunks) >= 2]
@@ -174,6 +174,26 @@ def acceptance_by_position_server(deltas: dict) -> dict | None:
     return {"source": "server counters", "by_position": {p: a.get(p, 0.0) / d[p] for p in pos}}
 
 
+def acceptance_by_drafter(deltas: dict) -> dict | None:
+    """Per drafter (model, ngram, suffix), drafted and accepted tokens and their ratio, from the
+    increase of the server's drafter-labelled counters; None when absent or nothing was drafted."""
+    drafted = deltas.get("trtspec_drafted_tokens_total") or {}
+    accepted = deltas.get("trtspec_accepted_tokens_total") or {}
+
+    def by_drafter(series: dict) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for label, v in series.items():
+            name = dict(p.split("=", 1) for p in label.split(",") if "=" in p).get("drafter")
+            if name is not None:
+                out[name] = out.get(name, 0.0) + v
+        return out
+
+    d, a = by_drafter(drafted), by_drafter(accepted)
+    rows = {n: {"drafted": d[n], "accepted": a.get(n, 0.0), "acceptance_rate": a.get(n, 0.0) / d[n]}
+            for n in sorted(d) if d[n] > 0}
+    return rows or None
+
+
 def fallback_ratio(deltas: dict) -> float | None:
     fb = deltas.get("trtspec_fallback_requests_total")
     routes = deltas.get("trtspec_route_decisions_total")
@@ -213,5 +233,6 @@ def summarize(
         "speedup_vs_off": speedup,
         "achieved_send_rate_rps": (len(sent_times) - 1) / span if span > 0 else None,
         "fallback_ratio": fallback_ratio(deltas),
+        "acceptance_by_drafter": acceptance_by_drafter(deltas),
         "acceptance_by_position": acceptance_by_position_server(deltas) or acceptance_by_position_estimate(records),
     }

@@ -1,4 +1,5 @@
-"""How ``trtspec bench`` talks to the server: gRPC streaming (asyncio) or HTTP ``generate_stream`` (threads).
+"""How ``trtspec bench`` talks to the server: gRPC streaming (asyncio), HTTP ``generate_stream`` (threads)
+or the OpenAI-compatible endpoint (asyncio, the official ``openai`` SDK).
 
 Both fill a :class:`~trtspec.bench.records.RequestRecord` in place and never
 raise for a request that fails: the failure becomes the record's ``error``
@@ -14,6 +15,12 @@ raise for a request that fails: the failure becomes the record's ``error``
   as such at once; its thread finishes when the server answers or the socket
   times out. Threads make HTTP the weaker load generator: prefer gRPC for high
   rates.
+- OpenAI: ``openai.AsyncOpenAI`` against ``trtspec serve --openai-port``:
+  streamed chat completions with usage, the prompt as one user message (the
+  proxy applies the chat template as ``spec_decode`` does for Triton clients,
+  so both paths decode the same tokens), greedy (``temperature`` 0, Triton's
+  default), the arm as the ``speculation`` extension. A timeout closes the
+  stream, which cancels the request on the server.
 
 :meth:`Transport.probe` measures the client's own maximum send rate: requests
 to a model that does not exist, which Triton refuses at once without touching
@@ -28,10 +35,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from trtspec.bench.records import OTHER, TIMEOUT, RequestRecord, categorize
+from trtspec.bench.records import OTHER, REFUSED, TIMEOUT, RequestRecord, categorize
 from trtspec.bench.workload import RequestSpec
+from trtspec.errors import one_line
 from trtspec.serving.client import ClientError, GenerateParams, generate_http, grpc_inputs
-from trtspec.protocol import SPEC_DECODE
+from trtspec.wire import SPEC_DECODE
 
 Clock = Callable[[], float]
 
@@ -64,11 +72,6 @@ def _first(arr, cast, default):
         return default
     v = flat[0]
     return cast(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v)
-
-
-def _one_line(text: str) -> str:
-    text = (text or "").strip()
-    return text.splitlines()[0] if text else "unknown error"
 
 
 class GrpcTransport:
@@ -112,10 +115,10 @@ class GrpcTransport:
         except asyncio.TimeoutError:
             rec.error, rec.error_category = f"no final response within {timeout_s:g}s", TIMEOUT
         except InferenceServerException as e:
-            rec.error = _one_line(e.message())
+            rec.error = one_line(e.message())
             rec.error_category = categorize(rec.error, e.status())
         except grpc.aio.AioRpcError as e:
-            rec.error = _one_line(e.details() or str(e.code()))
+            rec.error = one_line(e.details() or str(e.code()))
             rec.error_category = categorize(rec.error, str(e.code()))
         finally:
             if rec.done_s is None:
@@ -131,7 +134,7 @@ class GrpcTransport:
             now = clock()
             if error is not None:
                 rec.done_s = now
-                rec.error = _one_line(error.message())
+                rec.error = one_line(error.message())
                 rec.error_category = categorize(rec.error, error.status())
                 return
             response = result.get_response()
@@ -192,7 +195,7 @@ class HttpTransport:
             except ClientError as e:
                 out = e
             except OSError as e:  # a socket timeout or reset mid-stream
-                out = ClientError(_one_line(str(e)))
+                out = ClientError(one_line(str(e)))
             return sent, chunks, out
 
         loop = asyncio.get_running_loop()
@@ -209,7 +212,7 @@ class HttpTransport:
         rec.done_s = clock()
         rec.chunks = chunks
         if isinstance(out, ClientError):
-            rec.error = _one_line(out.message)
+            rec.error = one_line(out.message)
             rec.error_category = categorize(rec.error, out.code)
             return
         rec.finish_reason = out.finish_reason  # type: ignore[attr-defined]
@@ -227,6 +230,79 @@ class HttpTransport:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# OpenAI error statuses as Triton's codes, for :func:`categorize`
+_CODE_BY_STATUS = {400: "INVALID_ARG", 404: "INVALID_ARG", 499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+
+
+class OpenAITransport:
+    """The OpenAI-compatible endpoint through the official SDK (``url``: ``HOST:PORT`` or ``http://HOST:PORT/v1``)."""
+
+    name = "openai"
+
+    def __init__(self, url: str, *, model: str = SPEC_DECODE) -> None:
+        from openai import AsyncOpenAI
+
+        base = (url if "://" in url else f"http://{url}").rstrip("/")
+        self.url = base if base.endswith("/v1") else f"{base}/v1"
+        self.model = model
+        self._client = AsyncOpenAI(base_url=self.url, api_key="unused", max_retries=0)
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, clock: Clock, timeout_s: float) -> None:
+        await self._send(self.model, spec, rec, clock, timeout_s)
+
+    async def _send(self, model: str, spec: RequestSpec, rec: RequestRecord, clock: Clock, timeout_s: float) -> None:
+        import openai
+
+        rec.sent_s = clock()
+        try:
+            await asyncio.wait_for(self._consume(model, spec, rec, clock), timeout_s)
+        except asyncio.TimeoutError:
+            rec.error, rec.error_category = f"no final response within {timeout_s:g}s", TIMEOUT
+        except openai.APIStatusError as e:
+            rec.error = one_line(e.message)
+            rec.error_category = categorize(rec.error, _CODE_BY_STATUS.get(e.status_code))
+        except openai.APIConnectionError as e:
+            rec.error = one_line(f"cannot reach {self.url}: {e.__cause__ or e}")
+            rec.error_category = REFUSED
+        finally:
+            if rec.done_s is None:
+                rec.done_s = clock()
+
+    async def _consume(self, model: str, spec: RequestSpec, rec: RequestRecord, clock: Clock) -> None:
+        extra = {k: v for k, v in (("speculation", spec.arm), ("priority", spec.priority)) if v is not None}
+        stream = await self._client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": spec.prompt}], max_tokens=spec.max_tokens,
+            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=extra)
+        async with stream:  # leaving early (a timeout) closes the connection: the server cancels the request
+            async for chunk in stream:
+                now = clock()
+                choice = chunk.choices[0] if chunk.choices else None
+                if choice is not None and choice.delta.content:
+                    assert rec.sent_s is not None
+                    rec.chunks.append((now - rec.sent_s, len(choice.delta.content)))
+                if choice is not None and choice.finish_reason:
+                    figures = (chunk.model_extra or {}).get("trtspec") or {}
+                    rec.finish_reason = choice.finish_reason
+                    rec.drafted = int(figures.get("num_draft_tokens") or 0)
+                    rec.accepted = int(figures.get("num_accepted_tokens") or 0)
+                if chunk.usage is not None:  # the last chunk
+                    rec.done_s = now
+                    rec.input_tokens = chunk.usage.prompt_tokens
+                    rec.output_tokens = chunk.usage.completion_tokens
+        if rec.finish_reason is None:
+            rec.error, rec.error_category = "the stream closed without a final chunk", OTHER
+
+    async def probe(self, duration_s: float = 1.0, concurrency: int = 64) -> float:
+        from trtspec.bench.workload import RequestSpec
+
+        clock = time.perf_counter
+        spec = RequestSpec(0, "probe", 1, "off")
+        return await _probe(lambda rec: self._send(PROBE_MODEL, spec, rec, clock, 10.0), duration_s, concurrency)
+
+    async def close(self) -> None:
+        await self._client.close()
 
 
 async def _probe(one, duration_s: float, concurrency: int) -> float:

@@ -22,8 +22,10 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trtspec.errors import TrtspecError
+from trtspec.wire import Priority
 
 ARMS = ("auto", "on", "off")  # the values of the ``speculation`` input
 
@@ -171,8 +173,8 @@ def load_prompts(path: str | Path) -> list[Prompt]:
             problems.append(f"line {n}: 'max_tokens' must be an integer >= 1, got {mt!r}")
             continue
         pr = obj.get("priority")
-        if pr is not None and pr not in ("high", "normal", "low"):
-            problems.append(f"line {n}: 'priority' must be high, normal or low, got {pr!r}")
+        if pr is not None and pr not in {p.value for p in Priority}:
+            problems.append(f"line {n}: 'priority' must be one of {', '.join(Priority)}, got {pr!r}")
             continue
         prompts.append(Prompt(text, mt, pr))
     if problems:
@@ -223,3 +225,21 @@ def poisson_arrivals(rate: float, *, duration_s: float | None, count: int | None
             break
         out.append(t)
     return out
+
+
+FILLER = "The quick brown fox jumps over the lazy dog while the server keeps answering. "
+
+
+def long_prompt_texts(tokenizer: Any, lengths: Sequence[int]) -> list[str]:
+    """Texts whose prompts (``tokenizer.encode_prompt``, chat template on, as ``spec_decode`` does)
+    hold at most, and about, each of ``lengths`` tokens: a filler sentence repeated. For mixing long
+    prompts into a run: prefills under load, the probes and deadlines around them."""
+    per = (len(tokenizer.encode_prompt(FILLER * 20)) - len(tokenizer.encode_prompt(FILLER))) / 19
+    base = len(tokenizer.encode_prompt(""))
+    texts = []
+    for n in lengths:
+        k = max(1, int((n - base) / per))
+        while k > 1 and len(tokenizer.encode_prompt(FILLER * k)) > n:
+            k -= 1
+        texts.append(FILLER * k)
+    return texts

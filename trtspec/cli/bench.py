@@ -11,7 +11,7 @@ from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, p
 
 
 def bench(
-    url: Annotated[str, typer.Option("--url", help="Server HOST:PORT (the gRPC port; the HTTP port with --http).")],
+    url: Annotated[str, typer.Option("--url", help="Server HOST:PORT (the gRPC port; the HTTP port with --http; the OpenAI endpoint with --openai).")],
     metrics_url: Annotated[str | None, typer.Option("--metrics-url", help="Triton's metrics endpoint, e.g. http://HOST:8002/metrics: memory curve and server counters.")] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="Open loop: Poisson arrivals at R requests/s (up to 200).")] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", help="Closed loop: C requests in flight.")] = None,
@@ -24,6 +24,7 @@ def bench(
     slo_itl_ms: Annotated[float | None, typer.Option("--slo-itl-ms", help="SLO on time per output token after the first (goodput).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take before it is cancelled and counted as a timeout.")] = 60.0,
     http: Annotated[bool, typer.Option("--http", help="Triton's HTTP generate_stream endpoint instead of gRPC streaming.")] = False,
+    openai: Annotated[bool, typer.Option("--openai", help="The OpenAI-compatible endpoint (trtspec serve --openai-port) instead of Triton's.")] = False,
     server_pid: Annotated[int | None, typer.Option("--server-pid", help="PID of a local tritonserver: sample its processes' memory (RSS, PSS).")] = None,
     memory_interval: Annotated[float, typer.Option("--memory-interval", help="Seconds between memory samples.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals, prompt choice and output lengths.")] = 0,
@@ -45,6 +46,8 @@ def bench(
 
     if duration is None and requests is None:
         duration = 30.0
+    if http and openai:
+        fail("give at most one of --http and --openai")
     with domain_errors():
         cfg = BenchConfig(
             url=url,
@@ -56,7 +59,7 @@ def bench(
             duration_s=duration,
             requests=requests,
             timeout_s=timeout,
-            http=http,
+            protocol="http" if http else ("openai" if openai else "grpc"),
             metrics_url=metrics_url,
             server_pid=server_pid,
             memory_interval_s=memory_interval,

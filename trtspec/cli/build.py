@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, print_json
+from trtspec.wire import SPEC_DECODE, SpecDecodeParams
 
 
 class Backend(str, enum.Enum):
@@ -29,14 +30,15 @@ def build(
         "--demo", help="SmolLM2-135M-Instruct as target, and as draft its INT8 copy made by this build.")] = False,
     backend: Annotated[Backend, typer.Option("--backend", help="torch: the torch runtime; trtllm: TensorRT-LLM engines.")] = Backend.torch,
     draft_quant: Annotated[DraftQuant, typer.Option("--draft-quant", help="int8: weight-only INT8 draft; none: as is.")] = DraftQuant.int8,
-    max_draft_len: Annotated[int, typer.Option("--max-draft-len", help="Most draft tokens per iteration.")] = 5,
+    max_draft_len: Annotated[int, typer.Option("--max-draft-len", help="Most draft tokens per iteration.")] = SpecDecodeParams.draft_length,
     policy: Annotated[Path | None, typer.Option("--policy", help="Control-plane policy file for the served models.")] = None,
     engines: Annotated[Path, typer.Option("--engines", help="Where engines/<name>/ go.")] = Path("engines"),
     model_repo: Annotated[Path, typer.Option("--model-repo", help="Triton model repository to write.")] = Path("model_repo"),
+    model_name: Annotated[str, typer.Option("--model-name", help="Name the orchestrator is served under (e.g. ensemble, tensorrt_llm_bls: the name existing clients call).")] = SPEC_DECODE,
     name: Annotated[str | None, typer.Option("--name", help="Engine name (default: the target dir's name; 'demo').")] = None,
     max_context: Annotated[int | None, typer.Option("--max-context", help="Tokens per sequence (default: what both models allow).")] = None,
     max_sessions: Annotated[int, typer.Option("--max-sessions", help="Concurrent sequences to size the KV pools for.")] = 8,
-    max_tokens_limit: Annotated[int, typer.Option("--max-tokens-limit", help="Most new tokens one request may ask for.")] = 1024,
+    max_tokens_limit: Annotated[int, typer.Option("--max-tokens-limit", help="Most new tokens one request may ask for.")] = SpecDecodeParams.max_tokens_limit,
     probe_prompts: Annotated[int, typer.Option("--probe-prompts", help="Prompts for the acceptance probe (0 skips it).")] = 4,
     probe_tokens: Annotated[int, typer.Option("--probe-tokens", help="New tokens per probe prompt.")] = 32,
     device_memory: Annotated[str | None, typer.Option(
@@ -47,9 +49,9 @@ def build(
     json_out: JsonOpt = False,
 ) -> None:
     """Check, quantize, compile, plan memory, and write the manifest and the model repository."""
-    from trtspec.build.memory import parse_bytes
-    from trtspec.build.pipeline import BuildOptions, run_build
-    from trtspec.build.quantize import ProbeSettings
+    from trtspec.builder.memory import parse_bytes
+    from trtspec.builder.pipeline import BuildOptions, run_build
+    from trtspec.builder.quantize import ProbeSettings
 
     if demo:
         if target or draft:
@@ -71,6 +73,7 @@ def build(
             name=name,
             engines_dir=engines,
             model_repo=model_repo,
+            model_name=model_name,
             backend=backend.value,
             draft_quant=draft_quant.value,
             max_draft_len=max_draft_len,
@@ -114,7 +117,7 @@ class _StepDisplay:
     def __exit__(self, *exc: object) -> None:
         self._progress.__exit__(*exc)  # type: ignore[arg-type]
 
-    def on_event(self, event) -> None:  # event: trtspec.build.pipeline.StepEvent
+    def on_event(self, event) -> None:  # event: trtspec.builder.pipeline.StepEvent
         from rich.markup import escape
 
         p = self._progress
@@ -140,7 +143,7 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _print_summary(r) -> None:  # r: trtspec.build.pipeline.BuildResult
+def _print_summary(r) -> None:  # r: trtspec.builder.pipeline.BuildResult
     out = []
     state = " (dry run: nothing written)" if r.dry_run else (" (unchanged inputs: reused)" if r.reused else "")
     out.append(f"build {r.name!r}, backend {r.backend}{state}")

@@ -22,6 +22,7 @@ def remote_generate(
     http: bool = False,
     max_tokens: int = 128,
     speculation: str = "auto",
+    drafter: str | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
@@ -45,6 +46,7 @@ def remote_generate(
         seed=seed,
         stop_words=tuple(stop or ()),
         speculation=speculation,
+        drafter=drafter,
     )
 
     def show(text: str) -> None:

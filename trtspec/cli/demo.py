@@ -28,7 +28,7 @@ def demo(
     json_out: JsonOpt = False,
 ) -> None:
     """Build the demo pair, serve it on a real tritonserver, send requests, print text and stats, stop."""
-    from trtspec.build.pipeline import BuildOptions, run_build
+    from trtspec.builder.pipeline import BuildOptions, run_build
     from trtspec.runtime.demo import prepare_demo
     from trtspec.serving.client import GenerateParams, generate
     from trtspec.serving.launcher import TritonServer, find_tritonserver

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,11 +9,8 @@ from typing import Annotated
 import typer
 
 from trtspec.cli.common import JsonOpt, domain_errors, fail, log, print_json
-
-
-class Speculation(str, enum.Enum):
-    on = "on"
-    off = "off"
+from trtspec.decoding.types import DrafterKind
+from trtspec.wire import Speculation
 
 
 def generate(
@@ -25,7 +21,8 @@ def generate(
     draft: Annotated[Path | None, typer.Option("--draft", help="Draft checkpoint: HF dir or .gguf.")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 128,
     k: Annotated[int, typer.Option("--k", help="Draft tokens per iteration.")] = 5,
-    speculation: Annotated[Speculation, typer.Option("--speculation", help="on: draft and verify; off: target alone.")] = Speculation.on,
+    speculation: Annotated[Speculation, typer.Option("--speculation", help="auto (a server decides) or on: draft and verify; off: the target alone.")] = Speculation.AUTO,
+    drafter: Annotated[DrafterKind | None, typer.Option("--drafter", help="model (default in-process): the draft model; ngram/suffix: lookups in the text (no draft model needed); auto: a free drafter or the model, per iteration. With --url, default: the server's.")] = None,
     temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 disables top-k.")] = 0,
@@ -34,6 +31,7 @@ def generate(
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8")] = "auto",
+    exact: Annotated[bool | None, typer.Option("--exact/--no-exact", help="Same output with speculation on or off, bit for bit (default: on with CUDA, off on CPU).")] = None,
     url: Annotated[str | None, typer.Option("--url", help="A running server, HOST:PORT (gRPC; the HTTP port with --http).")] = None,
     http: Annotated[bool, typer.Option("--http", help="With --url: Triton's HTTP generate endpoints.")] = False,
     json_out: JsonOpt = False,
@@ -41,20 +39,23 @@ def generate(
     """Generate text for one prompt; streams to stdout (or one JSON object with --json)."""
     from trtspec.errors import InvalidRequestError
     from trtspec.runtime.pair import load_pair
-    from trtspec.spec import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
+    from trtspec.decoding import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
 
     if url is not None:
         if local or demo or target or draft:
             fail("--url talks to a running server; --local/--demo/--target/--draft do not apply")
+        if exact is not None:
+            fail("--exact/--no-exact choose how local models run; a server's target decides for itself")
         from trtspec.cli.client import remote_generate
 
-        # Default "--speculation on" maps to the server's "auto": routing and breakers decide.
         remote_generate(url=url, prompt=prompt, http=http, max_tokens=max_tokens,
-                        speculation="off" if speculation is Speculation.off or k == 0 else "auto",
+                        speculation=Speculation.OFF if k == 0 else speculation,
+                        drafter=drafter.value if drafter is not None else None,
                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
+    drafter = drafter or DrafterKind.MODEL
     if demo:
         if target or draft:
             fail("--demo and --target/--draft are mutually exclusive")
@@ -67,16 +68,17 @@ def generate(
         fail("--target (or --demo) is required")
     if k < 0:
         fail(f"--k must be >= 0, got {k}")
-    use_draft = speculation is Speculation.on and k > 0
-    if use_draft and draft is None:
-        fail("--draft is required with --speculation on (or pass --speculation off)")
+    use_draft = speculation is not Speculation.OFF and k > 0
+    if use_draft and draft is None and drafter is DrafterKind.MODEL:
+        fail("--draft is required with --drafter model unless --speculation off (or pass --drafter ngram|suffix)")
     with domain_errors():
         pair = load_pair(
             target,
-            draft if use_draft else None,
+            draft if use_draft and drafter in (DrafterKind.MODEL, DrafterKind.AUTO) else None,
             target_precision=target_precision,  # type: ignore[arg-type]
             draft_precision=draft_precision,  # type: ignore[arg-type]
             progress=lambda m: log(m, quiet=json_out),
+            exact=exact,
         )
         tok = pair.target.tokenizer
         if not prompt:
@@ -88,7 +90,10 @@ def generate(
                 eos_token_ids=tok.eos_token_ids(),
                 stop_strings=tuple(stop or ()),
             ),
-            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+            sampling=SamplingParams(
+                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, exact=pair.target.exact
+            ),
+            drafter=drafter,
         )
         gen = pair.decoder().stream(request, FixedDraftLength(k if use_draft else 0))
         for chunk in gen:
@@ -100,6 +105,8 @@ def generate(
         out = result.to_dict()
         out["models"] = pair.describe()
         out["k"] = k if use_draft else 0
+        out["drafter"] = drafter.value if use_draft else None
+        out["exact"] = pair.target.exact
         print_json(out)
     else:
         sys.stdout.write("\n")

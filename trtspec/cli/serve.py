@@ -1,5 +1,11 @@
 """``trtspec serve``: run a real tritonserver on a model repository until SIGINT/SIGTERM.
 
+SIGTERM or SIGINT drains (:mod:`trtspec.serving.drain`): readiness turns false
+at once, new requests are refused with ``UNAVAILABLE``, requests in flight
+finish within ``--grace-period`` (past it they end with a one-line error and
+are counted), then the server stops and the command exits 0. A second signal
+stops at once.
+
 Beside Triton's endpoints it serves the deployment's truthful status on
 ``--status-port`` (``GET /status``, ``GET /ready``: do draft and target
 actually answer, breaker state, speculation on or off; see
@@ -11,11 +17,14 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trtspec.cli.common import JsonOpt, domain_errors, fail, log, print_json
+
+if TYPE_CHECKING:
+    from trtspec.serving.launcher import TritonServer
 
 
 class _Shutdown(Exception):
@@ -35,21 +44,29 @@ def serve(
     grpc_port: Annotated[int, typer.Option("--grpc-port", help="gRPC port; 0 picks a free one.")] = 8001,
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus metrics port; 0 picks a free one.")] = 8002,
     status_port: Annotated[int, typer.Option("--status-port", help="Status endpoint (GET /status, /ready); 0 picks a free one, -1 turns it off.")] = 8003,
+    openai_port: Annotated[int, typer.Option("--openai-port", help="OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions); 0 picks a free port, -1 (default) turns it off.")] = -1,
     log_file: Annotated[Path, typer.Option("--log-file", help="Where the server log goes (appended).")] = Path("tritonserver.log"),
     startup_timeout: Annotated[float, typer.Option("--startup-timeout", help="Seconds to wait for every model to be ready.")] = 600.0,
     log_verbose: Annotated[int, typer.Option("--log-verbose", help="tritonserver --log-verbose level.")] = 0,
     malloc: Annotated[str, typer.Option("--malloc", help="Allocator preloaded into tritonserver: auto (jemalloc, else tcmalloc, else glibc's) | system | jemalloc | tcmalloc.")] = "auto",
+    grace_period: Annotated[float, typer.Option("--grace-period", min=0.0, help="On SIGTERM/SIGINT, seconds requests in flight get to finish (new ones are refused); a second signal stops at once.")] = 30.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """Start tritonserver on MODEL_REPO, print its endpoints, serve until Ctrl-C or SIGTERM."""
-    from trtspec.serving.launcher import TritonServer, find_tritonserver, malloc_library
+    """Start tritonserver on MODEL_REPO, print its endpoints, serve until Ctrl-C or SIGTERM (then drain)."""
+    from trtspec.serving.launcher import TritonServer, find_tritonserver, malloc_library  # noqa: F811
+    from trtspec.serving.openai_api.server import OpenAIServer
     from trtspec.serving.status import StatusServer
 
-    if not (model_repo / "spec_decode" / "config.pbtxt").is_file():
-        fail(f"{model_repo} is not a trtspec model repository (no spec_decode/config.pbtxt)")
+    from trtspec.builder.repo import served_model_name
+
+    model = served_model_name(model_repo) if model_repo.is_dir() else None
+    if model is None or not (model_repo / model / "config.pbtxt").is_file():
+        fail(f"{model_repo} is not a trtspec model repository (no spec_decode model in it)")
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
     server: TritonServer | None = None
     status_server: StatusServer | None = None
+    openai_server: OpenAIServer | None = None
+    at_once = False
     try:
         with domain_errors():
             install = find_tritonserver()
@@ -69,15 +86,22 @@ def serve(
                 malloc=malloc,
             )
             endpoints = server.start()
-        urls = endpoints.to_dict()
+        urls = endpoints.to_dict(model)
         if status_port >= 0:
             try:
-                status_server = StatusServer(endpoints.http, server.status_dir, host=host, port=status_port).start()
+                status_server = StatusServer(endpoints.http, server.status_dir, host=host, port=status_port,
+                                             model=model).start()
             except OSError as e:
                 fail(f"cannot serve the status endpoint on {host}:{status_port}: {e.strerror or e}")
             urls["status"] = status_server.url
+        if openai_port >= 0:
+            with domain_errors():
+                openai_server = OpenAIServer(endpoints.grpc, model=model, host=host, port=openai_port,
+                                             status_dir=server.status_dir).start()
+            urls["openai"] = f"{openai_server.url}/v1"
         info = {
             "endpoints": urls,
+            "model": model,
             "pid": server.pid,
             "server": str(install.executable),
             "model_repo": str(model_repo.resolve()),
@@ -90,24 +114,48 @@ def serve(
                 typer.echo(f"{name:<16}{url}")
             from trtspec.serving.status import collect_status, format_status
 
-            for line in format_status(collect_status(endpoints.http, server.status_dir)):
+            for line in format_status(collect_status(endpoints.http, server.status_dir, model=model)):
                 log(line)
             log("serving; Ctrl-C or SIGTERM stops the server", quiet=False)
         code = server.wait()
         tail = server.log_tail(5)
         fail(f"tritonserver exited on its own with code {code}; last log lines:\n{tail}")
     except _Shutdown as s:
-        log(f"{s} received: stopping tritonserver", quiet=json_out)
+        if server is not None and server.alive():
+            at_once = _drain(server, grace_period, str(s))
+        else:
+            log(f"{s} received: stopping tritonserver", quiet=json_out)
     finally:
         # Keep further signals from interrupting the shutdown itself.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         try:
+            # Front doors close once the drain is over: until then they pass spec_decode's
+            # refusals (UNAVAILABLE) on to their clients.
+            if openai_server is not None:
+                openai_server.stop()
             if status_server is not None:
                 status_server.stop()
             if server is not None:
-                server.stop()
+                server.stop(timeout_s=0.0 if at_once else 30.0)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     log("tritonserver stopped", quiet=json_out)
+
+
+def _drain(server: TritonServer, grace_period: float, signame: str) -> bool:
+    """Drain ``server`` (readiness false, new requests refused, in-flight ones finish within the grace);
+    True when a second signal cut it short (stop at once). Logged also under ``--json``: how a
+    shutdown went is what an operator reads afterwards."""
+    log(f"{signame} received: draining, up to {grace_period:g}s for requests in flight "
+        "(new ones are refused); a second signal stops at once", quiet=False)
+    try:
+        report = server.drain(grace_period)
+    except _Shutdown as again:
+        log(f"{again} received again: stopping at once", quiet=False)
+        return True
+    log(f"drained in {report.seconds:.1f}s: {report.in_flight_at_start} request(s) were in flight, "
+        f"{report.cut} ended at the grace period, {report.refused} refused while draining"
+        + (f", {report.in_flight_at_end} still in flight" if report.in_flight_at_end else ""), quiet=False)
+    return False

@@ -1,6 +1,6 @@
 """The control plane: whether and how much to speculate, per request and per iteration.
 
-Pure Python over :mod:`trtspec.spec`; the clock is injected. The serving layer
+Pure Python over :mod:`trtspec.decoding`; the clock is injected. The serving layer
 talks to :class:`SpeculationGovernor` (see :mod:`trtspec.control.governor`);
 ``docs/control.md`` documents the policy file and every rule.
 """
@@ -25,7 +25,6 @@ from trtspec.control.controllers import (
 )
 from trtspec.control.errors import PolicyError, PolicyProblem
 from trtspec.control.fallback import FallbackGuard
-from trtspec.control.faults import UnreliableDraft, WrongTokenDraft
 from trtspec.control.goodput import GoodputController, GoodputModel
 from trtspec.control.governor import GovernorSnapshot, RequestControl, SpeculationGovernor, make_controller
 from trtspec.control.rates import RollingRejection, rejection_rate
@@ -66,8 +65,6 @@ __all__ = [
     "StaticController",
     "StepController",
     "Transition",
-    "UnreliableDraft",
-    "WrongTokenDraft",
     "dump_policy",
     "load_policy",
     "make_controller",

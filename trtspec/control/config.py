@@ -9,6 +9,7 @@ reference for every field.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import tomllib
@@ -19,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtspec.control.errors import PolicyError, PolicyProblem
+from trtspec.decoding.drafters import DrafterOptions
+from trtspec.wire import Priority
 
 
 
@@ -28,12 +31,6 @@ class _FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
-
-
-class Priority(str, enum.Enum):
-    HIGH = "high"
-    NORMAL = "normal"
-    LOW = "low"
 
 
 class _Section(BaseModel):
@@ -236,6 +233,7 @@ class Policy(_Section):
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    drafters: DrafterOptions = Field(default_factory=DrafterOptions)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
@@ -256,8 +254,8 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The model class that holds the field at ``loc`` (to list allowed keys)."""
+def _model_at(loc: tuple[int | str, ...]) -> type | None:
+    """The model class (a pydantic model or a dataclass) that holds the field at ``loc`` (to list allowed keys)."""
     model: Any = Policy
     for part in loc[:-1]:
         if isinstance(part, int):
@@ -267,10 +265,20 @@ def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
         ann = model.model_fields[part].annotation
         args = getattr(ann, "__args__", ())
         candidates = [ann, *args, *(a for x in args for a in getattr(x, "__args__", ()))]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        model = next((c for c in candidates if _is_model(c)), None)
         if model is None:
             return None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+    return model if _is_model(model) else None
+
+
+def _is_model(c: Any) -> bool:
+    return isinstance(c, type) and (issubclass(c, BaseModel) or dataclasses.is_dataclass(c))
+
+
+def _keys(model: type) -> list[str]:
+    if issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return [f.name for f in dataclasses.fields(model)]
 
 
 def _got(value: Any) -> str:
@@ -283,9 +291,9 @@ def _problem(err: dict[str, Any]) -> PolicyProblem:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     got = f" (got {_got(err['input'])})" if "input" in err and kind != "missing" else ""
-    if kind == "extra_forbidden":
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         model = _model_at(loc)
-        allowed = ", ".join(model.model_fields) if model else "see docs/control.md"
+        allowed = ", ".join(_keys(model)) if model else "see docs/control.md"
         return PolicyProblem(_dotted(loc), f"unknown key; allowed: {allowed}")
     if kind == "value_error":
         cause = ctx.get("error")

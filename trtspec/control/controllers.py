@@ -1,6 +1,6 @@
 """Draft-length controllers: one object per request, one documented rule each.
 
-Each implements :class:`~trtspec.spec.protocols.DraftLengthPolicy`:
+Each implements :class:`~trtspec.decoding.protocols.DraftLengthPolicy`:
 ``next_k()`` before an iteration, ``observe(outcome)`` after it. They must
 tolerate ``observe`` calls without a matching ``next_k`` (the governor forces
 ``k = 0`` while a breaker is open or a fallback cools down, and the loop itself
@@ -17,11 +17,11 @@ from typing import Protocol
 from trtspec.control.clock import Clock
 from trtspec.control.config import HeuristicConfig, StaticConfig, StepConfig
 from trtspec.control.rates import RollingRejection
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 
 class DraftLengthController(Protocol):
-    """A per-request :class:`~trtspec.spec.protocols.DraftLengthPolicy` that is told when its request ends."""
+    """A per-request :class:`~trtspec.decoding.protocols.DraftLengthPolicy` that is told when its request ends."""
 
     def next_k(self) -> int: ...
 

@@ -10,7 +10,7 @@ reset the streak.
 from __future__ import annotations
 
 from trtspec.control.config import FallbackConfig
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 
 class FallbackGuard:

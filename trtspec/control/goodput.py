@@ -78,18 +78,19 @@ import math
 import random
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trtspec.control.config import GoodputConfig
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.types import IterationOutcome
 
 _A_MIN, _A_MAX = 1e-4, 0.995
 MIN_SAMPLES = 3  # draft timings needed before the measurement replaces the prior
 YOUNG_EXPLORE_EVERY = 8  # explore this often until a plain target step is measured
 TARGET_ONLY_MEMORY_FACTOR = 10  # target-only iterations age the acceptance counts this much slower
 RESUME_MIN_EVIDENCE = 8.0  # tested draft positions behind a_1 before a request at k = 0 drafts again
-# The draft's catch-up (reading a prompt it has not seen) per token, in draft steps, until measured.
-# Measured on the demo pair, one thread: INT8 draft 5.0 ms per prompt token vs 37 ms per step (0.13).
+# The draft's catch-up (reading a prompt it has not seen) per token, in draft steps, until measured
+# (the demo pair's figure: docs/control.md, "goodput").
 PRIOR_CATCHUP_PER_DRAFT_STEP = 0.15
 DEFAULT_REQUEST_TOKENS = 64  # expected output length before any request has finished
 
@@ -580,5 +581,63 @@ class GoodputController:
         self._prev_k = outcome.k
         self._observed += 1
 
+    def follow(self, outcome: IterationOutcome) -> None:
+        """An iteration another drafter ran (``auto``): the request moved on; this drafter
+        did not see it (its next draft reads what it missed, so its time is not a steady step)."""
+        self._emitted += outcome.emitted
+        self._context = outcome.context_len + outcome.emitted
+        self._prev_k = 0
+
+    def gain(self) -> float:
+        """What drafting the best ``k`` is expected to be worth now: its goodput over the target
+        alone's (1.0: nothing pays), for this request's evidence."""
+        est = self.model.estimate(self._accepted, self._tested)
+        return est.goodput[est.k_best] / est.goodput[0]
+
     def finish(self) -> None:
         self.model.request_finished(self._accepted, self._tested, self._emitted)
+
+
+class AutoDrafterController:
+    """Per-request ``auto`` drafter choice: one :class:`GoodputController` per drafter, each over
+    the shared :class:`GoodputModel` of its drafter (acceptance per position and cost measured for
+    that drafter alone).
+
+    Rule: before each iteration, the drafter whose controller expects the largest gain of its best
+    ``k`` over the target alone (:meth:`GoodputController.gain`, from ``E[k] / T[k]``) drafts; on a
+    tie the one listed first (the free drafter: a lookup costs nothing). Its controller then picks
+    ``k`` as it would alone (0 when nothing pays, a probe at its first drafting iteration). The
+    drafter that drafted an iteration learns from it; the others only follow the request; an
+    iteration nobody drafted (the prefill, a lookup that found nothing) teaches all of them what a
+    target step costs.
+    """
+
+    def __init__(self, controllers: dict[str, GoodputController]) -> None:
+        assert controllers
+        self.controllers = controllers
+        self._current = next(iter(controllers))
+
+    @property
+    def last_reason(self) -> str:
+        return f"{self._current}:{self.controllers[self._current].last_reason}"
+
+    def next_drafter(self, names: Sequence[str]) -> str:
+        offered = [n for n in names if n in self.controllers] or list(names[:1])
+        gains = {n: self.controllers[n].gain() if n in self.controllers else 1.0 for n in offered}
+        self._current = max(offered, key=lambda n: (gains[n], -offered.index(n)))
+        return self._current
+
+    def next_k(self) -> int:
+        ctl = self.controllers.get(self._current)
+        return ctl.next_k() if ctl is not None else 0
+
+    def observe(self, outcome: IterationOutcome) -> None:
+        for name, ctl in self.controllers.items():
+            if outcome.drafter in ("", name):
+                ctl.observe(outcome)
+            else:
+                ctl.follow(outcome)
+
+    def finish(self) -> None:
+        for ctl in self.controllers.values():
+            ctl.finish()

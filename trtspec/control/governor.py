@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -49,19 +49,29 @@ from trtspec.control.clock import Clock
 from trtspec.control.config import ControllerKind, DraftLengthConfig, Policy, Priority
 from trtspec.control.controllers import DraftLengthController, HeuristicController, StaticController, StepController
 from trtspec.control.fallback import FallbackGuard
-from trtspec.control.goodput import GoodputController, GoodputModel
+from trtspec.control.goodput import AutoDrafterController, GoodputController, GoodputModel
 from trtspec.control.rollout import Rollout, RolloutStatus
 from trtspec.control.router import Router
 from trtspec.control.types import Reason, RequestInfo, RouteDecision, Speculation
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.protocols import DrafterChoice
+from trtspec.decoding.types import DrafterKind, IterationOutcome
 
 log = logging.getLogger("trtspec.control")
 
 
 def make_controller(
-    config: DraftLengthConfig, clock: Clock, goodput: GoodputModel, info: RequestInfo | None = None
+    config: DraftLengthConfig,
+    clock: Clock,
+    goodput: GoodputModel | Mapping[str, GoodputModel],
+    info: RequestInfo | None = None,
+    auto_free: DrafterKind = DrafterKind.SUFFIX,
 ) -> DraftLengthController:
-    """A fresh per-request controller of the kind ``config.controller`` names."""
+    """A fresh per-request controller of the kind ``config.controller`` names.
+
+    ``goodput``: the shared estimates, one model per drafter name (a single model stands for
+    every drafter). A goodput controller for an ``auto`` request chooses between the free
+    drafter ``auto_free`` and the draft model each iteration; other kinds draft with the first
+    drafter the request has (the free one)."""
     kind = config.controller
     if kind is ControllerKind.STATIC:
         return StaticController(config.static)
@@ -71,7 +81,15 @@ def make_controller(
         return HeuristicController(config.heuristic, config.k_max)
     assert kind is ControllerKind.GOODPUT, kind
     max_new_tokens = info.max_new_tokens if info is not None else 0
-    return GoodputController(goodput, config.k_max, config.goodput, max_new_tokens=max_new_tokens)
+    drafter = info.drafter if info is not None else DrafterKind.MODEL
+
+    def one(name: str) -> GoodputController:
+        model = goodput if isinstance(goodput, GoodputModel) else goodput[name]
+        return GoodputController(model, config.k_max, config.goodput, max_new_tokens=max_new_tokens)
+
+    if drafter is DrafterKind.AUTO:
+        return AutoDrafterController({auto_free.value: one(auto_free.value), DrafterKind.MODEL.value: one("model")})
+    return one(drafter.value)
 
 
 @dataclass(frozen=True)
@@ -121,7 +139,12 @@ class SpeculationGovernor:
         self.breaker = CircuitBreaker(self.policy.breaker, clock, breaker_listeners)
         self.admission = Admission(self.policy.admission)
         self.rollout = Rollout(self.policy.rollout)
-        self.goodput = GoodputModel(self.policy.draft_length.k_max, self.policy.draft_length.goodput)
+        # the shared goodput estimates of each drafter (acceptance and cost differ by drafter)
+        k_max, gp = self.policy.draft_length.k_max, self.policy.draft_length.goodput
+        self.goodput_by_drafter = {
+            kind.value: GoodputModel(k_max, gp) for kind in DrafterKind if kind is not DrafterKind.AUTO
+        }
+        self.goodput = self.goodput_by_drafter[DrafterKind.MODEL.value]  # the draft model's
         self._lock = threading.Lock()
         self._draft_available = True
         self._requests = 0
@@ -139,14 +162,16 @@ class SpeculationGovernor:
             self._requests += 1
             self._decisions[route.reason] += 1
         log.debug("request %r: speculate=%s reason=%s", info.request_id, route.speculate, route.reason)
-        controller = (
-            make_controller(self.policy.draft_length, self.clock, self.goodput, info) if route.speculate else None
-        )
+        controller = None
+        if route.speculate:
+            controller = make_controller(
+                self.policy.draft_length, self.clock, self.goodput_by_drafter, info, self.policy.drafters.auto_free
+            )
         return RequestControl(self, info, route, controller)
 
     def _route(self, info: RequestInfo) -> RouteDecision:
         state = self.breaker.state.value
-        if not self._draft_available:
+        if not self._draft_available and info.drafter is DrafterKind.MODEL:  # the free drafters need none
             return RouteDecision(False, Reason.DRAFT_UNAVAILABLE.value, state)
         if info.speculation is Speculation.OFF:
             return RouteDecision(False, Reason.REQUEST_OFF.value, state)
@@ -229,7 +254,7 @@ class SpeculationGovernor:
 
 
 class RequestControl:
-    """One request's route decision and its :class:`~trtspec.spec.protocols.DraftLengthPolicy`.
+    """One request's route decision and its :class:`~trtspec.decoding.protocols.DraftLengthPolicy`.
 
     Pass it to ``SpeculativeDecoder.stream/generate`` as the policy; call
     :meth:`finish` (or use ``with``) when the request ends, however it ends.
@@ -274,6 +299,12 @@ class RequestControl:
         if self.route.speculate:
             self.governor._note_k(k)
         return k
+
+    def next_drafter(self, names: Sequence[str]) -> str:
+        """The controller's choice when it chooses (``auto`` under goodput), else the first."""
+        if isinstance(self.controller, DrafterChoice):
+            return self.controller.next_drafter(names)
+        return names[0]
 
     def observe(self, outcome: IterationOutcome) -> None:
         gov = self.governor

@@ -5,16 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from trtspec.control.config import Priority
-from trtspec.spec.types import GenerationRequest
-
-
-class Speculation(str, enum.Enum):
-    """What the client asked for. ``off`` always wins; ``on`` skips the router and the canary draw."""
-
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
+from trtspec.decoding.types import DrafterKind, GenerationRequest
+from trtspec.wire import Priority, Speculation
 
 
 class Reason(str, enum.Enum):
@@ -41,6 +33,7 @@ class RequestInfo:
     priority: Priority = Priority.NORMAL
     speculation: Speculation = Speculation.AUTO
     offline: bool = False  # a batch/offline job (rollout mode offline_only lets only these speculate)
+    drafter: DrafterKind = DrafterKind.MODEL  # what drafts for it
 
     @classmethod
     def from_request(
@@ -57,6 +50,7 @@ class RequestInfo:
             priority=Priority(priority),
             speculation=Speculation(speculation),
             offline=offline,
+            drafter=request.drafter,
         )
 
 

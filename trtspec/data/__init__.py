@@ -8,5 +8,14 @@ from importlib import resources
 
 def benchmark_prompts() -> list[str]:
     """The fixed prompt set used by the benchmarks (24 chat-style instructions)."""
-    text = resources.files("trtspec.data").joinpath("prompts.json").read_text()
+    return _prompts("prompts.json")
+
+
+def copy_edit_prompts() -> list[str]:
+    """24 copy/edit prompts (repeat or fix a given paragraph or function): answers that repeat their input."""
+    return _prompts("copy_edit_prompts.json")
+
+
+def _prompts(name: str) -> list[str]:
+    text = resources.files("trtspec.data").joinpath(name).read_text()
     return list(json.loads(text)["prompts"])

@@ -1,7 +1,7 @@
 """Observability: metrics, alert rules, the Grafana dashboard, rejection traces, profiling.
 
 Three layers (STYLE item 7): the loop's own stats (``IterationOutcome``,
-``SpecStats`` in :mod:`trtspec.spec.types`); the recorder :class:`SpecMetrics`
+``SpecStats`` in :mod:`trtspec.decoding.types`); the recorder :class:`SpecMetrics`
 (:mod:`trtspec.obs.recorder`); and the sinks behind :class:`MetricSink`
 (:mod:`trtspec.obs.sinks`): Triton custom metrics and ``prometheus_client``.
 Every metric is defined once, in :mod:`trtspec.obs.metrics`; the rules
@@ -26,7 +26,7 @@ _EXPORTS = {
     "RejectionTracer": "trtspec.obs.trace",
     "IterationProfiler": "trtspec.obs.profiling",
     "AlertConfig": "trtspec.obs.rules",
-    "write_monitoring": "trtspec.obs.rules",
+    "write_monitoring": "trtspec.obs.monitoring",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,7 +5,7 @@ the alert rules (:mod:`trtspec.obs.rules`), the Grafana dashboard
 (:mod:`trtspec.obs.dashboard`) and ``docs/observability.md`` all take names from
 this table; nothing else spells a metric name.
 
-Vocabulary (``trtspec/spec/types.py``): per iteration the draft proposes ``k``
+Vocabulary (``trtspec/decoding/types.py``): per iteration the draft proposes ``k``
 **drafted** tokens, verification keeps ``accepted`` of them (a prefix), one more
 token (correction or **bonus**) is drawn from the target, and **emitted** tokens
 are those appended to the output. An iteration with ``k > 0`` is a **draft**.
@@ -30,6 +30,8 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+
+from trtspec.decoding.types import DrafterKind
 
 
 class Kind(str, enum.Enum):
@@ -160,18 +162,21 @@ DRAFTS = MetricSpec(
     "sum(rate(trtspec_drafts_total[5m])); mean draft length: "
     "sum(rate(trtspec_drafted_tokens_total[5m])) / sum(rate(trtspec_drafts_total[5m]))",
 )
+DRAFTERS = tuple(d.value for d in DrafterKind if d is not DrafterKind.AUTO)  # drafter label values
+
 DRAFTED_TOKENS = MetricSpec(
     "trtspec_drafted_tokens_total",
     Kind.COUNTER,
-    "Drafted tokens: proposed by the draft model (k per draft).",
-    ("model",),
+    "Drafted tokens: proposed by a drafter (k per draft); drafter: model | ngram | suffix.",
+    ("model", "drafter"),
     "rejection rate: 1 - sum(rate(trtspec_accepted_tokens_total[5m])) / sum(rate(trtspec_drafted_tokens_total[5m]))",
 )
 ACCEPTED_TOKENS = MetricSpec(
     "trtspec_accepted_tokens_total",
     Kind.COUNTER,
-    "Accepted tokens: drafted tokens kept by the target's verification (bonus and correction tokens excluded).",
-    ("model",),
+    "Accepted tokens: drafted tokens kept by the target's verification (bonus and correction tokens excluded); "
+    "by drafter: model | ngram | suffix.",
+    ("model", "drafter"),
     "acceptance rate: sum(rate(trtspec_accepted_tokens_total[5m])) / sum(rate(trtspec_drafted_tokens_total[5m]))",
 )
 BONUS_TOKENS = MetricSpec(

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trtspec.spec.protocols import DraftLengthPolicy
-from trtspec.spec.types import IterationOutcome
+from trtspec.decoding.protocols import DraftLengthPolicy
+from trtspec.decoding.types import IterationOutcome
 
 
 class IterationProfiler:
@@ -88,7 +88,7 @@ class IterationProfiler:
 
 
 class ProfiledPolicy:
-    """A :class:`~trtspec.spec.protocols.DraftLengthPolicy` that steps the profiler after each iteration."""
+    """A :class:`~trtspec.decoding.protocols.DraftLengthPolicy` that steps the profiler after each iteration."""
 
     def __init__(self, policy: DraftLengthPolicy, profiler: IterationProfiler) -> None:
         self.policy = policy

@@ -1,7 +1,7 @@
 """The recorder between the loop's stats and the exporters (STYLE item 7, layer 2).
 
-Layer 1 is the loop's own record (:class:`~trtspec.spec.types.IterationOutcome`
-per iteration, :class:`~trtspec.spec.types.SpecStats` per request); layer 3 the
+Layer 1 is the loop's own record (:class:`~trtspec.decoding.types.IterationOutcome`
+per iteration, :class:`~trtspec.decoding.types.SpecStats` per request); layer 3 the
 sinks (:mod:`trtspec.obs.sinks`). :class:`SpecMetrics` turns the first into the
 families of :mod:`trtspec.obs.metrics` on the second. One per serving model;
 every method is safe from any thread and never raises (a broken exporter must
@@ -40,8 +40,8 @@ from trtspec.control.governor import GovernorSnapshot
 from trtspec.obs import metrics as M
 from trtspec.obs.sinks import MetricSink
 from trtspec.obs.trace import RejectionTracer
-from trtspec.spec.protocols import DraftLengthPolicy
-from trtspec.spec.types import IterationOutcome, SpecStats
+from trtspec.decoding.protocols import DrafterChoice, DraftLengthPolicy
+from trtspec.decoding.types import DrafterKind, IterationOutcome, SpecStats
 
 log = logging.getLogger("trtspec.obs")
 
@@ -89,8 +89,11 @@ class SpecMetrics:
     def _declare(self) -> None:
         """Series that exist from the start at zero (so rate() and the alert rules see them at once)."""
         s, l = self.sink, self._l
-        for spec in (M.DRAFTED_TOKENS, M.ACCEPTED_TOKENS, M.BONUS_TOKENS, M.EMITTED_TOKENS, M.FALLBACK_REQUESTS):
+        for spec in (M.BONUS_TOKENS, M.EMITTED_TOKENS, M.FALLBACK_REQUESTS):
             s.declare(spec, l())
+        for drafter in M.DRAFTERS:
+            s.declare(M.DRAFTED_TOKENS, l(drafter=drafter))
+            s.declare(M.ACCEPTED_TOKENS, l(drafter=drafter))
         for bucket in M.BUCKET_LABELS:
             s.declare(M.DRAFTS, l(bucket=bucket))
             s.declare(M.REJECTIONS, l(bucket=bucket))
@@ -144,9 +147,10 @@ class SpecMetrics:
         n = outcome.context_len if seq_len is None else seq_len
         bucket = M.length_bucket(n)
         s.inc(M.DRAFTS, l(bucket=bucket))
-        s.inc(M.DRAFTED_TOKENS, l(), k)
+        drafter = outcome.drafter or DrafterKind.MODEL.value
+        s.inc(M.DRAFTED_TOKENS, l(drafter=drafter), k)
         if acc:
-            s.inc(M.ACCEPTED_TOKENS, l(), acc)
+            s.inc(M.ACCEPTED_TOKENS, l(drafter=drafter), acc)
         if outcome.bonus:
             s.inc(M.BONUS_TOKENS, l())
         drafted_at: Counter[str] = Counter(M.position_label(i) for i in range(1, k + 1))
@@ -273,7 +277,7 @@ def _state(state: BreakerState | str) -> str:
 
 
 class MeteredPolicy:
-    """A :class:`~trtspec.spec.protocols.DraftLengthPolicy` that records each outcome, then passes it on.
+    """A :class:`~trtspec.decoding.protocols.DraftLengthPolicy` that records each outcome, then passes it on.
 
     The loop calls ``policy.observe(outcome)`` once per iteration; this is how the recorder sees
     iterations without the loop knowing of metrics.
@@ -286,6 +290,10 @@ class MeteredPolicy:
 
     def next_k(self) -> int:
         return self.policy.next_k()
+
+    def next_drafter(self, names: Sequence[str]) -> str:
+        """The wrapped policy's choice when it makes one (:class:`~trtspec.decoding.protocols.DrafterChoice`)."""
+        return self.policy.next_drafter(names) if isinstance(self.policy, DrafterChoice) else names[0]
 
     def observe(self, outcome: IterationOutcome) -> None:
         self.metrics.iteration(

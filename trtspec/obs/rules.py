@@ -23,14 +23,11 @@ keeps the alert from flickering in and out between scrapes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from trtspec.obs import metrics as M
 
-RULES_FILE = "rules.yml"
-DASHBOARD_FILE = "dashboard.json"
 
 
 @dataclass(frozen=True)
@@ -180,20 +177,6 @@ def render_rules(cfg: AlertConfig = AlertConfig()) -> str:
 def rule_expressions(rules: dict) -> list[str]:
     """Every ``expr`` of a rules file dict."""
     return [r["expr"] for g in rules["groups"] for r in g["rules"]]
-
-
-def write_monitoring(directory: str | Path, cfg: AlertConfig = AlertConfig()) -> dict[str, Path]:
-    """Write ``rules.yml`` and ``dashboard.json`` into ``directory`` (what ``trtspec build`` puts beside the repository)."""
-    import json
-
-    from trtspec.obs.dashboard import dashboard
-
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    rules, dash = d / RULES_FILE, d / DASHBOARD_FILE
-    rules.write_text(render_rules(cfg))
-    dash.write_text(json.dumps(dashboard(cfg), indent=2) + "\n")
-    return {"rules": rules, "dashboard": dash}
 
 
 def _pct(x: float) -> str:

@@ -41,9 +41,9 @@ from typing import TYPE_CHECKING
 
 from trtspec.obs.metrics import BUCKET_LABELS, length_bucket
 
-if TYPE_CHECKING:  # importing trtspec.spec loads torch; `trtspec trace summarize` needs neither
-    from trtspec.spec.protocols import Detokenizer
-    from trtspec.spec.types import IterationOutcome
+if TYPE_CHECKING:  # importing trtspec.decoding loads torch; `trtspec trace summarize` needs neither
+    from trtspec.decoding.protocols import Detokenizer
+    from trtspec.decoding.types import IterationOutcome
 
 TRACE_VERSION = 1
 

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trtspec.errors import TrtspecError
+from trtspec.wire import Priority
 
-PRIORITIES = ("high", "normal", "low")
 REQUIRED = ("prompt_tokens", "output_tokens", "timestamp")
 
 
@@ -116,8 +116,8 @@ def _record(line: int, row: dict) -> LogRecord:
     priority = row.get("priority")
     if priority in (None, ""):
         priority = "normal"
-    if not isinstance(priority, str) or priority.strip().lower() not in PRIORITIES:
-        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+    if not isinstance(priority, str) or priority.strip().lower() not in {p.value for p in Priority}:
+        raise ValueError(f"priority must be one of {', '.join(Priority)}, got {priority!r}")
     return LogRecord(
         line=line,
         prompt_tokens=_int_field(row["prompt_tokens"], "prompt_tokens"),

@@ -186,7 +186,7 @@ def _router(policy: Policy | None):
 
 
 def _speculates(router, rec) -> bool:
-    from trtspec.control.config import Priority
+    from trtspec.wire import Priority
     from trtspec.control.types import RequestInfo
 
     info = RequestInfo(context_tokens=rec.prompt_tokens, max_new_tokens=rec.output_tokens,

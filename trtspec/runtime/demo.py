@@ -7,11 +7,11 @@ float32 and saved as safetensors.
 
 Draft: the same network with every matrix (embedding/LM head included)
 quantized to weight-only int8, per output channel, symmetric. Our runtime
-runs it with bfloat16 activations through ``_weight_int8pack_mm``: about a
-quarter of the target's weight bytes and a third of its step time on this CPU,
-while agreeing with the target's greedy token ~90% of the time. Cut,
-layer-skipped and quickly distilled students agree 5-20% (DESIGN.md), so a
-reduced-precision copy is the draft that pays here.
+runs it with bfloat16 activations through ``_weight_int8pack_mm``: far fewer
+weight bytes and a shorter step than the target, and it agrees with the
+target's greedy token far more often than a cut, layer-skipped or quickly
+distilled student does (figures: README.md, "The demo pair and why its draft
+is an INT8 copy"), so a reduced-precision copy is the draft that pays here.
 
 The draft directory stays loadable by ``transformers``: ``model.safetensors``
 holds the dequantized values ``q * scale`` in float32 (re-quantizing them

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trtspec.runtime.compat import CompatReport, check_compatible
 from trtspec.runtime.torch.loader import LoadedModel, Precision, load_model
-from trtspec.spec import SpeculativeDecoder
+from trtspec.decoding import SpeculativeDecoder
 
 
 @dataclass
@@ -30,6 +30,8 @@ class ModelPair:
                 "impl": m.impl,
                 "weight_bytes": m.weight_bytes,
                 "load_time_s": round(m.load_time_s, 3),
+                "exact": m.exact,
+                "graphs": m.graphs.to_dict() if m.graphs else None,
             }
 
         return {
@@ -47,15 +49,20 @@ def load_pair(
     device: str = "auto",
     max_context: int | None = None,
     progress: Callable[[str], None] | None = None,
+    exact: bool | None = None,
 ) -> ModelPair:
-    """Load both models and check that the draft can speculate for the target."""
+    """Load both models and check that the draft can speculate for the target.
+
+    ``exact`` applies to the target (its passes decide the output); the draft
+    only proposes, so it runs unpadded (or in graph buckets on CUDA).
+    """
     say = progress or (lambda _m: None)
     say(f"loading target {target}")
-    t = load_model(target, target_precision, device, max_context=max_context, progress=progress)
+    t = load_model(target, target_precision, device, max_context=max_context, progress=progress, exact=exact)
     if draft is None:
         return ModelPair(target=t, draft=None, compat=None)
     say(f"loading draft {draft}")
-    d = load_model(draft, draft_precision, device, max_context=max_context, progress=progress)
+    d = load_model(draft, draft_precision, device, max_context=max_context, progress=progress, exact=False)
     report = check_compatible(
         t.tokenizer, d.tokenizer, t.lm.vocab_size, d.lm.vocab_size, t.lm.max_context, d.lm.max_context
     )

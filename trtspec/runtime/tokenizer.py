@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtspec.errors import CheckpointError
+from trtspec.errors import CheckpointError, InvalidRequestError
 
 
 class Tokenizer:
@@ -49,6 +49,21 @@ class Tokenizer:
                 ids = ids["input_ids"]
             return [int(t) for t in ids]
         return [int(t) for t in self.hf.encode(text, add_special_tokens=True)]
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """``messages`` (``role``/``content`` dicts) through the chat template, ready for a new assistant turn.
+
+        The text is meant to be encoded raw (``encode_prompt(text, raw=True)``),
+        which adds the tokenizer's special tokens: a BOS the template writes
+        itself is dropped here so the prompt does not start with two.
+        """
+        if not self.has_chat_template:
+            raise InvalidRequestError("this model's tokenizer has no chat template")
+        text = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        bos = self.hf.bos_token
+        if bos and text.startswith(bos) and self.hf.encode("", add_special_tokens=True)[:1] == [self.hf.bos_token_id]:
+            text = text[len(bos):]
+        return text
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=True)

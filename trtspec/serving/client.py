@@ -14,20 +14,22 @@ Errors the server answers become :class:`ClientError` with its one-line message.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from trtspec.errors import TrtspecError
-from trtspec.protocol import SPEC_DECODE
+from trtspec.errors import TrtspecError, one_line
+from trtspec.wire import SPEC_DECODE
 
 OnText = Callable[[str], None]
 
@@ -54,11 +56,14 @@ class GenerateParams:
     stop_words: Sequence[str] = ()
     speculation: str | None = None  # auto | on | off
     priority: str | None = None  # high | normal | low
+    apply_chat_template: bool | None = None  # False: the prompt is already rendered
+    drafter: str | None = None  # model | ngram | suffix | auto
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
         out: dict[str, Any] = {"max_tokens": int(self.max_tokens)}
-        for name in ("temperature", "top_k", "top_p", "seed", "speculation", "priority"):
+        for name in ("temperature", "top_k", "top_p", "seed", "speculation", "priority", "apply_chat_template",
+                     "drafter"):
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
@@ -130,10 +135,12 @@ _GRPC_TYPES = {
     "temperature": ("FP32", np.float32),
     "top_k": ("INT32", np.int32),
     "top_p": ("FP32", np.float32),
-    "seed": ("INT64", np.int64),
+    "seed": ("UINT64", np.uint64),
     "stop_words": ("BYTES", np.object_),
     "speculation": ("BYTES", np.object_),
     "priority": ("BYTES", np.object_),
+    "apply_chat_template": ("BOOL", np.bool_),
+    "drafter": ("BYTES", np.object_),
 }
 
 
@@ -202,7 +209,7 @@ def stream_infer(
                 done = True
                 msg = error.message() if isinstance(error, InferenceServerException) else str(error)
                 code = error.status() if isinstance(error, InferenceServerException) else None
-                raise ClientError(_one_line(msg), code=code)
+                raise ClientError(one_line(msg), code=code)
             resp = result.get_response()
             final = bool(resp.parameters["triton_final_response"].bool_param) if "triton_final_response" in resp.parameters else False
             outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
@@ -215,7 +222,7 @@ def stream_infer(
                 done = True
                 return responses, False
     except InferenceServerException as e:
-        raise ClientError(_one_line(e.message()), code=e.status()) from None
+        raise ClientError(one_line(e.message()), code=e.status()) from None
     finally:
         try:
             client.stop_stream(cancel_requests=not done)
@@ -261,6 +268,84 @@ def generate_grpc(
     return result
 
 
+# -- gRPC, asyncio -----------------------------------------------------------------------
+
+
+@dataclass
+class StreamEvent:
+    """One step of an asyncio generation: a piece of text, or (last) the whole result."""
+
+    text: str = ""
+    result: ClientResult | None = None  # set on the final event only
+
+
+async def stream_infer_aio(client: Any, model: str, inputs: list, *, request_id: str = "") -> AsyncIterator[StreamedResponse]:
+    """Send one request on a new stream of ``client`` and yield its responses up to the final one.
+
+    ``client`` is a ``tritonclient.grpc.aio.InferenceServerClient``, shared by
+    all requests (its one channel carries every stream). Closing the iterator
+    before the final response (the caller went away) cancels the gRPC call,
+    which Triton sees as a cancelled request. Raises :class:`ClientError` on
+    an error response or a failed call.
+    """
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
+    finished = asyncio.Event()
+
+    async def requests() -> AsyncIterator[dict]:
+        yield {"model_name": model, "inputs": inputs, "request_id": request_id}
+        await finished.wait()  # the stream stays open until the final response
+
+    t0 = time.perf_counter()
+    call = client.stream_infer(requests())
+    try:
+        async for result, error in call:
+            if error is not None:
+                finished.set()
+                raise ClientError(one_line(error.message()))
+            resp = result.get_response()
+            final = "triton_final_response" in resp.parameters and resp.parameters["triton_final_response"].bool_param
+            outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
+            if final:
+                finished.set()
+            yield StreamedResponse(outputs, final, time.perf_counter() - t0)
+            if final:
+                return
+        raise ClientError(f"the stream of model '{model}' closed before its final response", code="UNAVAILABLE")
+    except grpc.RpcError as e:
+        finished.set()
+        raise ClientError(one_line(f"gRPC call failed: {e.details() if hasattr(e, 'details') else e}"),
+                          code="UNAVAILABLE") from None
+    except InferenceServerException as e:
+        finished.set()
+        raise ClientError(one_line(e.message()), code=e.status()) from None
+    finally:
+        if not finished.is_set():
+            call.cancel()
+            finished.set()
+
+
+async def generate_aio(
+    client: Any, prompt: str, params: GenerateParams = GenerateParams(), *, model: str = SPEC_DECODE,
+    request_id: str = "",
+) -> AsyncIterator[StreamEvent]:
+    """One streamed request through a shared asyncio client: text pieces as they come, then the result."""
+    values = {"text_input": prompt, "stream": True, **params.fields()}
+    chunks: list[str] = []
+    ttft: float | None = None
+    async for r in stream_infer_aio(client, model, grpc_inputs(values), request_id=request_id):
+        text = _text(r.outputs.get("text_output"))
+        if text:
+            ttft = r.at_s if ttft is None else ttft
+            chunks.append(text)
+            yield StreamEvent(text=text)
+        if r.final:
+            result = _result(chunks, r.outputs, protocol="grpc", total_s=r.at_s)
+            result.ttft_s = ttft
+            yield StreamEvent(result=result)
+
+
 # -- HTTP --------------------------------------------------------------------------------
 
 
@@ -299,7 +384,7 @@ def generate_http(
                         continue
                     event = json.loads(line[len("data:") :])
                     if "error" in event:
-                        raise ClientError(_one_line(str(event["error"])))
+                        raise ClientError(one_line(str(event["error"])))
                     text = event.get("text_output") or ""
                     if text:
                         if ttft is None:
@@ -313,7 +398,7 @@ def generate_http(
         raise ClientError(f"cannot reach {host}:{port}: {e.reason}", code="UNAVAILABLE") from None
     if not stream:
         if events and "error" in events[0]:
-            raise ClientError(_one_line(str(events[0]["error"])))
+            raise ClientError(one_line(str(events[0]["error"])))
         if on_text is not None and events and events[0].get("text_output"):
             on_text(events[0]["text_output"])
     chunks = [t for e in events if (t := e.get("text_output") or "")]
@@ -334,7 +419,28 @@ def _http_error(e: urllib.error.HTTPError) -> ClientError:
         message = json.loads(body).get("error", body)
     except (json.JSONDecodeError, AttributeError):
         message = body or e.reason
-    return ClientError(_one_line(str(message)), code=_HTTP_CODES.get(e.code), http_status=e.code)
+    return ClientError(one_line(str(message)), code=_HTTP_CODES.get(e.code), http_status=e.code)
+
+
+# What spec_decode's error messages mean (docs/serving.md, "Errors"), for gRPC
+# streaming, which delivers an error's message without its code. A message that
+# none of these prefixes starts is the request's fault (INVALID_ARG).
+_CODE_BY_PREFIX = (
+    ("request cancelled", "CANCELLED"),
+    ("internal error", "INTERNAL"),
+    ("server busy", "UNAVAILABLE"),
+    ("the server is shutting down", "UNAVAILABLE"),
+    ("model '", "UNAVAILABLE"),  # a draft/target call failed, was late, or the model is down
+    ("Request for unknown model", "NOT_FOUND"),  # Triton itself
+)
+
+
+def error_code(error: ClientError) -> str:
+    """The Triton error code of ``error``: its own when the transport said, else read from its message."""
+    if error.code:
+        return str(error.code).removeprefix("StatusCode.")
+    message = re.sub(r"^\[request id: [^\]]*\] ", "", error.message)  # Triton's own errors carry one
+    return next((code for prefix, code in _CODE_BY_PREFIX if message.startswith(prefix)), "INVALID_ARG")
 
 
 # -- shared -----------------------------------------------------------------------------
@@ -376,8 +482,3 @@ def _result(chunks: list[str], final: Mapping[str, np.ndarray], *, protocol: str
         chunks=chunks,
         output_ids=[int(t) for t in np.asarray(final.get("output_ids", [])).reshape(-1)],
     )
-
-
-def _one_line(text: str) -> str:
-    text = text.strip()
-    return text.splitlines()[0] if text else "unknown error"

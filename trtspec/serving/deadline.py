@@ -28,6 +28,41 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a call asks of its model, known when the call is made."""
+
+    tokens: int  # new tokens the pass feeds (a proposal of k also counts its k drafted ones)
+    calls_ahead: int = 0  # the model's calls still running (late ones abandoned included)
+    tokens_ahead: int = 0  # their tokens: the model serves one call at a time, so it gets to this one after them
+
+
+@dataclass(frozen=True)
+class WorkDeadline:
+    """How long a call may run before it counts as stuck: it grows with the work asked.
+
+    ``base_s + per_token_s * (work.tokens + work.tokens_ahead)``. A fixed number
+    cannot fit both a one-token decode step and a prefill of thousands of
+    tokens queued behind another: measured on the demo pair (2 cores, fp32), a
+    ~3,500-token prompt kept the target busy ~40 s and a ~6,700-token one
+    missed a fixed 60 s deadline, for it and for the short request behind it.
+    ``per_token_s`` is a worst-case rate (a slow CPU's prefill, with margin),
+    not an estimate: this bound tells a stuck model from a busy one; latency is
+    the admission controller's business.
+    """
+
+    base_s: float
+    per_token_s: float
+
+    def __post_init__(self) -> None:
+        if self.base_s <= 0 or self.per_token_s < 0:
+            raise ValueError(f"deadline: need base_s > 0 and per_token_s >= 0, got {self.base_s}, {self.per_token_s}")
+
+    def __call__(self, work: Work) -> float:
+        return self.base_s + self.per_token_s * (max(0, work.tokens) + max(0, work.tokens_ahead))
 
 
 class AdaptiveDeadline:

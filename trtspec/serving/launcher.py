@@ -2,7 +2,7 @@
 
 Which binary: the ``tritonserver`` on ``PATH`` (NVIDIA's container), else the
 one shipped in the ``nvidia-pytriton`` wheel. The wheel's server needs three
-things to load Python-backend models (measured, see DESIGN.md):
+things to load Python-backend models (docs/serving.md, "`trtspec serve` and the launcher"):
 
 - the wheel's ``nvidia_pytriton.libs/`` on ``LD_LIBRARY_PATH``;
 - a backend directory whose ``python/`` holds ``libtriton_python.so``,
@@ -23,16 +23,16 @@ the repository API. The server's environment carries ``TRTSPEC_STATUS_DIR``
 (:mod:`trtspec.serving.statusfile`), and ``TRTSPEC_TRITON_URL`` (the server's
 own HTTP endpoint on loopback), through which ``spec_decode`` reloads a dead
 model: the repository API over HTTP, not ``pb_utils.load_model``, which holds
-up every BLS call of the calling stub while the load runs (measured: 3.6 s). Ports given as 0 are picked free on ``host``. OpenMP
+up every BLS call of the calling stub while the load runs (docs/reliability.md,
+"Why we need our own supervisor"). Ports given as 0 are picked free on ``host``. OpenMP
 threads spin briefly, then sleep (``OMP_WAIT_POLICY=PASSIVE`` with
 ``GOMP_SPINCOUNT=30000``, ``$TRTSPEC_OMP_SPINCOUNT`` to change it, nothing when
 the user sets either): the three models are processes sharing the same cores
 (docs/serving.md, "Threads", has the measurements). The server runs with
 jemalloc (else tcmalloc) preloaded where the library is installed, as Triton's
-documentation advises (``malloc`` / ``$TRTSPEC_TRITON_MALLOC`` choose). Measured
-in the soak (tiny pair, 12.8 req/s plus bursts of 200 req/s): the tritonserver
-process grew 4.7 kB per request sent with glibc's malloc, 3.4 kB with jemalloc,
-which also hands back what a burst took; the stubs stay flat with either.
+documentation advises (``malloc`` / ``$TRTSPEC_TRITON_MALLOC`` choose): in the soak
+the server grew less per request with jemalloc and handed back what a burst took
+(figures: docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import TrtspecError
+from trtspec.serving import drain as draining
 from trtspec.serving import statusfile
+from trtspec.wire import SPEC_DECODE
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
@@ -70,6 +72,24 @@ _MALLOC_LIBS = {"jemalloc": ("jemalloc",), "tcmalloc": ("tcmalloc_minimal", "tcm
 # OMP_WAIT_POLICY or GOMP_SPINCOUNT for the server.
 OMP_SPIN_ENV = "TRTSPEC_OMP_SPINCOUNT"
 DEFAULT_OMP_SPINCOUNT = 30000
+
+
+DRAIN_CUT_WAIT_S = 15.0  # after the grace period, how long requests get to end at their next iteration
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """How a drain went (:meth:`TritonServer.drain`)."""
+
+    in_flight_at_start: int  # requests spec_decode had in flight when the drain began
+    in_flight_at_end: int  # still in flight when the server was stopped (0 unless something hangs)
+    cut: int  # in flight when the grace period ended: ended with a one-line UNAVAILABLE
+    refused: int  # new requests refused while draining
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"in_flight_at_start": self.in_flight_at_start, "in_flight_at_end": self.in_flight_at_end,
+                "cut": self.cut, "refused": self.refused, "seconds": round(self.seconds, 2)}
 
 
 class ServerError(TrtspecError):
@@ -110,10 +130,9 @@ class TritonInstall:
         env.setdefault("PYTHONUNBUFFERED", "1")
         # draft, target and spec_decode are separate processes taking turns on
         # the same cores: OpenMP threads must not spin long after a forward pass
-        # (libgomp's default spins ~300k rounds; measured: 40 tokens, tiny models,
-        # 2 cores: 2.3 s spinning, 0.08 s passive), but sleeping at once after
-        # every op wakes threads hundreds of times per forward pass (demo pair,
-        # concurrency 1, speculation auto: 16.9 tok/s passive, 25.6 with a short spin).
+        # (libgomp's default spins ~300k rounds), but sleeping at once after
+        # every op wakes threads hundreds of times per forward pass: a short
+        # spin (docs/serving.md, "Threads", has the measurements).
         if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
             env["OMP_WAIT_POLICY"] = "PASSIVE"
             env["GOMP_SPINCOUNT"] = omp_spincount(env.get(OMP_SPIN_ENV))
@@ -231,13 +250,14 @@ class Endpoints:
     def metrics_url(self) -> str:
         return f"http://{_connect_host(self.host)}:{self.metrics_port}/metrics"
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self, model: str = SPEC_DECODE) -> dict[str, str]:
+        """The endpoints; ``generate*`` are ``model``'s (the name spec_decode is served under)."""
         return {
             "http": f"http://{self.http}",
             "grpc": self.grpc,
             "metrics": self.metrics_url,
-            "generate": f"http://{self.http}/v2/models/spec_decode/generate",
-            "generate_stream": f"http://{self.http}/v2/models/spec_decode/generate_stream",
+            "generate": f"http://{self.http}/v2/models/{model}/generate",
+            "generate_stream": f"http://{self.http}/v2/models/{model}/generate_stream",
         }
 
 
@@ -414,6 +434,43 @@ class TritonServer:
             return ""
         text = Path(self.log_file).read_text(errors="replace").rstrip().splitlines()
         return "\n".join(text[-lines:])
+
+    def drain(self, grace_period_s: float) -> DrainReport:
+        """Stop taking requests and let the ones in flight finish, for at most ``grace_period_s``
+        (:mod:`trtspec.serving.drain`); past it they end with a one-line error. Returns when
+        ``spec_decode`` reports none in flight; the server keeps running (``stop`` it next)."""
+        d = self.status_dir
+        t0 = time.time()
+        if d is None or not self.alive():
+            return DrainReport(0, 0, 0, 0, 0.0)
+        draining.start_drain(d, grace_period_s)
+        at_start: int | None = None  # from spec_decode's first status written after the drain began
+        cut_at, give_up_at = t0 + grace_period_s, float("inf")
+        while self.alive():
+            now = time.time()
+            fresh = self._requests(t0)
+            if fresh is not None and at_start is None:
+                at_start = int(fresh.get("in_flight", 0))
+            if fresh is not None and fresh.get("in_flight", 0) == 0:
+                break  # all answered
+            if (fresh is None and now - t0 > 5.0) or now >= give_up_at:
+                break  # no spec_decode writing its status, or requests that do not even end
+            if now >= cut_at:  # the grace period is over: what still runs ends at its next iteration
+                draining.end_grace(d)
+                cut_at, give_up_at = float("inf"), now + DRAIN_CUT_WAIT_S
+            time.sleep(0.1)  # polling spec_decode's status file
+        last = self._requests(0.0) or {}
+        outcomes = last.get("outcomes") or {}
+        return DrainReport(at_start or 0, int(last.get("in_flight", 0)), int(outcomes.get("shutdown", 0)),
+                           int(outcomes.get("draining", 0)), time.time() - t0)
+
+    def _requests(self, written_after: float) -> dict | None:
+        """spec_decode's ``requests`` status (``in_flight``, ``outcomes``) if written after ``written_after``."""
+        assert self.status_dir is not None
+        st = statusfile.read_status(self.status_dir / "spec_decode.json")
+        if st is None or st.get("updated_at", 0.0) < written_after:
+            return None
+        return st.get("requests") or {}
 
     @property
     def pid(self) -> int | None:

@@ -19,17 +19,19 @@ likely token).
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from trtspec.errors import InvalidRequestError
-from trtspec.protocol import PRIORITIES, Speculation
-from trtspec.spec.types import SamplingParams
+from trtspec.wire import Priority, Speculation
+from trtspec.decoding.types import DrafterKind, SamplingParams
 
+E = TypeVar("E", bound=enum.Enum)
 Lookup = Callable[[str], Any]  # numpy array (an input tensor), a JSON scalar/list (a parameter), or None
 
 MAX_STOP_WORDS = 64
@@ -49,9 +51,14 @@ class ServeRequest:
     stream: bool = False
     sampling: SamplingParams = SamplingParams()
     stop_words: tuple[str, ...] = ()
-    priority: str = "normal"  # high | normal | low
-    speculation: Speculation = Speculation.auto
+    priority: Priority = Priority.NORMAL
+    speculation: Speculation = Speculation.AUTO
+    apply_chat_template: bool | None = None  # None: the model's parameter decides
+    end_id: int | None = None  # TensorRT-LLM's end_id: the only EOS token; -1: none (None: the tokenizer's)
+    echo_prompt: bool = False  # the whole answer starts with ``text`` (exclude_input_in_output false)
+    max_draft_tokens: int | None = None  # TensorRT-LLM's num_draft_tokens: at most this many per step
     request_id: str = ""
+    drafter: DrafterKind | None = None  # None: the model's default_drafter
 
     @classmethod
     def make_dummy(cls, text: str = "Hello world", max_tokens: int = 4) -> ServeRequest:
@@ -93,11 +100,15 @@ def parse_request(
         temperature = 0.0
     if top_p is not None and 0.0 < top_p < TOP_P_FLOOR:
         top_p = TOP_P_FLOOR
+    if top_p == 0.0:  # TensorRT-LLM's meaning: top-p off; with top-k off as well, greedy
+        top_p = 1.0
+        temperature = 0.0 if not top_k else temperature
     sampling = SamplingParams(
         temperature=0.0 if temperature is None else temperature,
         top_k=0 if top_k is None else top_k,
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
+        exact=bool(_bool(get, "exact")),
     )
     sampling.validate()
     stop_words = tuple(w for w in _texts(get, "stop_words") if w)
@@ -108,17 +119,20 @@ def parse_request(
         raise InvalidRequestError(f"a stop word may hold at most {MAX_STOP_WORD_CHARS} characters, got {len(long_stop)}")
     if any(w for w in _texts(get, "bad_words")):
         raise InvalidRequestError("bad_words is not supported by this server; send it empty or leave it out")
-    priority = (_text(get, "priority") or "normal").strip().lower()
-    if priority not in PRIORITIES:
-        raise InvalidRequestError(f"priority must be one of {', '.join(PRIORITIES)}; got {_short(priority)}")
-    spec_text = _text(get, "speculation")
-    speculation = Speculation.auto
-    if spec_text is not None and spec_text != "":
-        try:
-            speculation = Speculation(spec_text.strip().lower())
-        except ValueError:
-            choices = ", ".join(s.value for s in Speculation)
-            raise InvalidRequestError(f"speculation must be one of {choices}; got {_short(spec_text)}") from None
+    priority = _choice(get, "priority", Priority, Priority.NORMAL)
+    speculation = _choice(get, "speculation", Speculation, Speculation.AUTO)
+    refuse_unsupported(get)
+    max_draft = _int(get, "num_draft_tokens")
+    if max_draft is not None and max_draft < 0:
+        raise InvalidRequestError(f"num_draft_tokens must be >= 0, got {_short(max_draft)}")
+    if max_draft == 0:  # TensorRT-LLM: no draft tokens, no speculation
+        if speculation is Speculation.ON:
+            raise InvalidRequestError("num_draft_tokens 0 contradicts speculation 'on'")
+        speculation = Speculation.OFF
+    end_id = _int(get, "end_id")
+    if end_id is not None and end_id < -1:
+        raise InvalidRequestError(f"end_id must be a token id, or -1 for none; got {_short(end_id)}")
+    drafter = _choice(get, "drafter", DrafterKind, None)  # None: the model's default_drafter
     return ServeRequest(
         text=text,
         max_tokens=max_tokens,
@@ -127,8 +141,77 @@ def parse_request(
         stop_words=stop_words,
         priority=priority,
         speculation=speculation,
+        apply_chat_template=_bool(get, "apply_chat_template"),
+        end_id=end_id,
+        echo_prompt=_bool(get, "exclude_input_in_output") is False and not stream,
+        max_draft_tokens=max_draft or None,
         request_id=request_id,
+        drafter=drafter,
     )
+
+
+# TensorRT-LLM inputs trtspec cannot honour: name -> the values that mean "not used" (any
+# other is refused); () for inputs refused whenever they hold anything.
+_NEUTRAL_ONLY: dict[str, tuple] = {
+    "beam_width": (1,),
+    "num_return_sequences": (1,),
+    "repetition_penalty": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+    "min_length": (0, 1),
+    "min_tokens": (0, 1),
+    "return_log_probs": (False,),
+    "return_context_logits": (False,),
+    "return_generation_logits": (False,),
+    "decoder_text_input": ("", b""),
+    "image_url_input": ("", b""),
+    "guided_decoding_guide_type": ("", b""),
+    "guided_decoding_guide": ("", b""),
+    "embedding_bias_words": ("", b""),
+    "embedding_bias_weights": (),
+    "image_input": (),
+    "image_bytes_input": (),
+    "image_sizes_input": (),
+    "video_bytes_input": (),
+    "prompt_embedding_table": (),
+    "prompt_vocab_size": (),
+    "prompt_table_extra_id": (),
+    "lora_task_id": (),
+    "lora_weights": (),
+    "lora_config": (),
+}
+_WHY = {
+    "beam_width": "trtspec decodes one beam",
+    "num_return_sequences": "trtspec returns one sequence per request",
+    "min_length": "trtspec never holds back EOS",
+    "min_tokens": "trtspec never holds back EOS",
+    "decoder_text_input": "trtspec serves decoder-only models",
+    "image_url_input": "trtspec serves text-only models",
+    "image_input": "trtspec serves text-only models",
+    "image_bytes_input": "trtspec serves text-only models",
+    "image_sizes_input": "trtspec serves text-only models",
+    "video_bytes_input": "trtspec serves text-only models",
+    "prompt_embedding_table": "trtspec does no prompt tuning",
+    "prompt_vocab_size": "trtspec does no prompt tuning",
+    "prompt_table_extra_id": "trtspec does no prompt tuning",
+    "lora_task_id": "trtspec serves no LoRA adapters",
+    "lora_weights": "trtspec serves no LoRA adapters",
+    "lora_config": "trtspec serves no LoRA adapters",
+}
+
+
+_NOTHING = object()
+
+
+def refuse_unsupported(get: Lookup) -> None:
+    """INVALID_ARG for a TensorRT-LLM input set to something trtspec cannot do, naming the value."""
+    for name, neutral in _NEUTRAL_ONLY.items():
+        bad = next((v for v in _values(get, name) or () if v not in neutral), _NOTHING)
+        if bad is not _NOTHING:
+            shown = _short(bad.decode("utf-8", "replace") if isinstance(bad, bytes) else bad)
+            why = _WHY.get(name, f"trtspec does not support {name}")
+            allowed = f" (only {', '.join(repr(v) for v in neutral if not isinstance(v, bytes))})" if neutral else ""
+            raise InvalidRequestError(f"{name} {shown}: {why}{allowed}")
 
 
 # -- one value of one input ---------------------------------------------------
@@ -184,6 +267,18 @@ def _text(get: Lookup, name: str, required: bool = False) -> str | None:
 def _texts(get: Lookup, name: str) -> list[str]:
     vals = _values(get, name)
     return [] if vals is None else [_decode(name, v) for v in vals]
+
+
+def _choice(get: Lookup, name: str, kind: type[E], default: E) -> E:
+    """One of the enum's values, case and surrounding blanks ignored; not given or empty: ``default``."""
+    text = _text(get, name)
+    if not text:
+        return default
+    try:
+        return kind(text.strip().lower())
+    except ValueError:
+        choices = ", ".join(str(v.value) for v in kind)
+        raise InvalidRequestError(f"{name} must be one of {choices}; got {_short(text)}") from None
 
 
 def _int(get: Lookup, name: str, required: bool = False) -> int | None:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from trtspec.errors import InvalidRequestError
-from trtspec.spec.drafting import propose_locally
-from trtspec.spec.protocols import LanguageModel, LMSession
-from trtspec.spec.types import Proposal, SamplingParams
+from trtspec.decoding.drafting import propose_locally
+from trtspec.decoding.protocols import LanguageModel, LMSession
+from trtspec.decoding.types import Proposal, SamplingParams
 
 
 @dataclass
@@ -91,7 +91,7 @@ class SessionStore:
         """Make ``session_id`` hold ``token_ids``, then draft ``k`` tokens after them in this process.
 
         The same procedure as the loop's local drafting
-        (:func:`trtspec.spec.drafting.propose_locally`); a sampled proposal draws
+        (:func:`trtspec.decoding.drafting.propose_locally`); a sampled proposal draws
         from a generator seeded with ``seed``. Afterwards the cache holds
         ``token_ids`` plus the first ``k - 1`` proposed tokens.
         """

@@ -1,7 +1,7 @@
 """Readiness that tells the truth: does each model actually answer, and is speculation on?
 
 Triton's ``/v2/models/<m>/ready`` keeps saying 200 for a model whose stub is
-dead (DESIGN.md), so :func:`collect_status` asks each model for real:
+dead (docs/reliability.md, "Why we need our own supervisor"), so :func:`collect_status` asks each model for real:
 
 - ``draft`` / ``target``: a two-token forward on a throw-away session, then
   its release, over Triton's HTTP ``infer`` (no logits sent back);
@@ -10,8 +10,15 @@ dead (DESIGN.md), so :func:`collect_status` asks each model for real:
 all at once, each bounded by ``timeout_s``. Beside the answers it reads the
 status files the models write (:mod:`trtspec.serving.statusfile`):
 ``spec_decode``'s control state (supervisor state of draft and target,
-reloads, breaker, whether new requests speculate) and each model's KV-cache
-session count. ``ready`` is true when ``spec_decode`` and ``target`` answer.
+reloads, calls in flight, last progress, probe state, breaker, whether new
+requests speculate) and each model's KV-cache session count.
+
+Busy is not dead: a model whose calls in flight still progress (``spec_decode``
+says so) is not probed -- the probe would queue behind a long prefill and time
+out -- and counts as answering; so does ``spec_decode`` when its probe timed
+out behind such a target. ``ready`` is true when ``spec_decode`` and
+``target`` answer (or are busy that way) and the server is not draining
+(:mod:`trtspec.serving.drain`).
 
 :class:`StatusServer` serves it over HTTP for ``trtspec serve``:
 ``GET /status`` (always 200, the JSON) and ``GET /ready`` (200 when ready,
@@ -33,9 +40,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from trtspec.errors import TrtspecError
-from trtspec.protocol import DRAFT, SPEC_DECODE, TARGET
+from trtspec.errors import TrtspecError, one_line
+from trtspec.wire import DRAFT, SPEC_DECODE, TARGET
 from trtspec.serving import statusfile
+from trtspec.serving.drain import read_drain
 
 STALE_AFTER_S = 10.0  # a spec_decode status file older than this is stale (its writer is stuck or dead)
 
@@ -62,13 +70,10 @@ def _http(url: str, body: dict | None, timeout_s: float) -> tuple[int, Any]:
 
 def _error_text(e: BaseException | Any) -> str:
     if isinstance(e, dict):
-        text = str(e.get("error", e))
-    elif isinstance(e, urllib.error.URLError):
-        text = str(e.reason)
-    else:
-        text = str(e) or type(e).__name__
-    text = text.strip()
-    return text.splitlines()[0] if text else "unknown error"
+        return one_line(str(e.get("error", e)))
+    if isinstance(e, urllib.error.URLError):
+        return one_line(str(e.reason))
+    return one_line(e)
 
 
 def _timed(fn: Any) -> dict:
@@ -117,8 +122,9 @@ def probe_spec_decode(http: str, model: str = SPEC_DECODE, timeout_s: float = 5.
     return _timed(run)
 
 
-def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0) -> dict:
-    """The whole picture; see the module docstring. ``http``: Triton's HTTP ``HOST:PORT``."""
+def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0, model: str = SPEC_DECODE) -> dict:
+    """The whole picture; see the module docstring. ``http``: Triton's HTTP ``HOST:PORT``; ``model``: the name
+    spec_decode is served under."""
     base = f"http://{http}"
 
     def ok(path: str) -> bool:
@@ -136,16 +142,26 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
                 index = {m["name"]: m.get("state", "") for m in body if isinstance(m, dict) and "name" in m}
         except Exception:
             pass
-    names = [m for m in (SPEC_DECODE, TARGET, DRAFT) if m in index] or (
-        [SPEC_DECODE, TARGET, DRAFT] if not index else []
+    names = [m for m in (model, TARGET, DRAFT) if m in index] or (
+        [model, TARGET, DRAFT] if not index else []
     )
+    control = statusfile.read_status(status_dir / f"{model}.json") if status_dir is not None else None
+    stale = control is None or control.get("age_s", 0.0) > STALE_AFTER_S
+    busy = {m: not stale and bool(((control or {}).get(m) or {}).get("busy")) for m in (TARGET, DRAFT)}
+    drain = read_drain(status_dir)
+    skip = {m: {"answers": True, "busy": True, "latency_ms": None, "error": None}  # its calls in flight are the check
+            for m, b in busy.items() if b}
+    if drain is not None:  # spec_decode refuses new requests: a probe would only be one more refusal
+        skip[model] = {"answers": False, "latency_ms": None, "error": "draining: new requests are refused"}
     with ThreadPoolExecutor(max(1, len(names))) as pool:
         futures = {
-            m: pool.submit(probe_spec_decode if m == SPEC_DECODE else probe_lm, http, m, timeout_s) for m in names
+            m: pool.submit(probe_spec_decode if m == model else probe_lm, http, m, timeout_s)
+            for m in names if m not in skip
         }
         answers = {m: f.result() for m, f in futures.items()}
-    control = statusfile.read_status(status_dir / f"{SPEC_DECODE}.json") if status_dir is not None else None
-    stale = control is None or control.get("age_s", 0.0) > STALE_AFTER_S
+    answers.update({m: a for m, a in skip.items() if m in names})
+    if model in futures and not answers[model]["answers"] and busy[TARGET]:
+        answers[model] = {**answers[model], "answers": True, "busy": True}  # queued behind the target
     models: dict[str, dict] = {}
     for m in names:
         entry: dict = {"triton_state": index.get(m), "triton_ready": ok(f"/v2/models/{m}/ready"), **answers[m]}
@@ -155,7 +171,7 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
             entry["sessions"] = own.get("sessions") if own else None
             entry["faults"] = (own or {}).get("faults") or None
         models[m] = entry
-    sd, tg = models.get(SPEC_DECODE, {}), models.get(TARGET, {})
+    sd, tg = models.get(model, {}), models.get(TARGET, {})
     if control is None:
         speculation, why = "unknown", "no status from spec_decode"
     elif stale:
@@ -166,7 +182,8 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
         why = f"{why}; but the draft does not answer now"
     return {
         "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "ready": bool(sd.get("answers")) and bool(tg.get("answers")),
+        "ready": bool(sd.get("answers")) and bool(tg.get("answers")) and drain is None,
+        "draining": drain,
         "speculation": speculation,
         "speculation_reason": why,
         "server": {"live": live, "ready": ok("/v2/health/ready") if live else False},
@@ -181,8 +198,9 @@ class StatusServer:
     """``GET /status`` and ``GET /ready`` on ``host:port`` (0: a free port), on a daemon thread."""
 
     def __init__(self, triton_http: str, status_dir: Path | None, host: str = "127.0.0.1", port: int = 0,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, model: str = SPEC_DECODE) -> None:
         self.triton_http = triton_http
+        self.model = model
         self.status_dir = status_dir
         self.timeout_s = timeout_s
         outer = self
@@ -193,7 +211,8 @@ class StatusServer:
                 if path not in ("/status", "/ready"):
                     self._send(404, {"error": f"no such endpoint {path!r}; try /status or /ready"})
                     return
-                st = collect_status(outer.triton_http, outer.status_dir, timeout_s=outer.timeout_s)
+                st = collect_status(outer.triton_http, outer.status_dir, timeout_s=outer.timeout_s,
+                                    model=outer.model)
                 self._send(200 if path == "/status" or st["ready"] else 503, st)
 
             def _send(self, code: int, body: dict) -> None:
@@ -250,7 +269,9 @@ def format_status(st: dict) -> list[str]:
 
     def model_line(name: str, m: dict) -> str:
         said = "ready" if m.get("triton_ready") else "not ready"
-        if m.get("answers"):
+        if m.get("busy"):
+            head = "busy (not probed: its calls in flight are progressing)"
+        elif m.get("answers"):
             head = f"answers ({m.get('latency_ms', 0):.0f} ms)"
         else:
             head = f"DOES NOT ANSWER: {m.get('error')}"
@@ -268,6 +289,7 @@ def format_status(st: dict) -> list[str]:
             if last and last.get("downtime_s") is not None:
                 s += f", last outage {last['downtime_s']:.1f}s"
             parts.append(s)
+            parts.append(_calls_text(sup))
         if m.get("sessions") is not None:
             parts.append(f"{m['sessions']} session(s)")
         if m.get("faults"):
@@ -275,6 +297,8 @@ def format_status(st: dict) -> list[str]:
         return f"{name:<12} " + "; ".join(parts)
 
     lines = [f"{'ready':<12} {'yes' if st.get('ready') else 'NO'}"]
+    if st.get("draining"):
+        lines.append(f"{'draining':<12} yes: new requests refused, grace period {st['draining'].get('grace_period_s')}s")
     server = st.get("server", {})
     lines.append(f"{'server':<12} {'live' if server.get('live') else 'NOT LIVE'}, "
                  f"{'ready' if server.get('ready') else 'not ready'}")
@@ -292,3 +316,21 @@ def format_status(st: dict) -> list[str]:
     if req:
         lines.append(f"{'requests':<12} {req.get('in_flight', 0)} in flight; outcomes {req.get('outcomes', {})}")
     return lines
+
+
+def _calls_text(sup: dict) -> str:
+    """``N in flight, last progress Xs ago, probe <state>`` from a supervisor's snapshot."""
+    calls = sup.get("calls") or {}
+    age = calls.get("last_answer_age_s")
+    if age is None:
+        age = sup.get("last_answer_age_s")
+    text = f"{calls.get('in_flight', 0)} in flight"
+    if calls.get("stuck_calls"):
+        text += f" ({calls['stuck_calls']} past their deadline)"
+    text += f", last progress {'never' if age is None else f'{age:.1f}s ago'}"
+    probe = sup.get("probe") or {}
+    if probe:
+        text += f", probe {probe.get('state')}"
+        if probe.get("last_ok") is not None:
+            text += f" (last {'answered' if probe['last_ok'] else 'FAILED'} in {probe.get('last_seconds', 0):.2f}s)"
+    return text

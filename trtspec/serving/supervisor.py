@@ -2,7 +2,7 @@
 
 Triton does not restart a Python-backend stub that dies: requests to it fail
 ("Stub process ... is not healthy") while ``/v2/models/<m>/ready`` still says
-200 (DESIGN.md). Recovery is ours: notice, reload through the repository API
+200 (docs/reliability.md, "Why we need our own supervisor"). Recovery is ours: notice, reload through the repository API
 (explicit model-control mode), probe, resume. :class:`ModelSupervisor` is the
 decision part, free of Triton and threads; ``spec_decode`` drives one per
 model (``draft``, ``target``) from a :class:`SupervisorThread`, with the reload
@@ -19,6 +19,7 @@ States::
 Transitions (``report_error`` is the request path's; the rest is :meth:`ModelSupervisor.step`)::
 
     HEALTHY   -> SUSPECT    report_error(): a call failed
+    SUSPECT   -> HEALTHY    report_ok(): a call answered (it is alive: no probe needed)
     HEALTHY   -> FAILED     report_error(fatal=True): the stub is known dead ("... is not healthy"),
                             or a liveness probe failed (one runs after ``health_interval_s`` without an answer)
     SUSPECT   -> FAILED     report_error(fatal=True) (a probe in progress is abandoned)
@@ -29,6 +30,14 @@ Transitions (``report_error`` is the request path's; the rest is :meth:`ModelSup
     RELOADING -> FAILED     the reload failed; the next attempt backs off
     PROBING   -> HEALTHY    the probe answered; the backoff is reset
     PROBING   -> FAILED     the probe failed; the next attempt backs off
+
+Busy is not dead: ``busy()`` (injected; ``spec_decode`` passes the guard's) is true
+while the model has calls in flight that are still within their work-scaled
+bounds. Then no probe is sent (it would only queue behind them: a single
+instance serves one call at a time) -- a HEALTHY model's liveness check is
+those calls, a SUSPECT one waits for one of them to answer -- and a FAILED
+model is not reloaded unless Triton said its stub is dead. A call that runs
+past its bound no longer counts, so a hung model is still probed and reloaded.
 
 Backoff: attempt ``n`` of a recovery (``n = 0`` right after detection) waits
 ``0`` for ``n = 0``, else ``min(backoff_max_s, backoff_initial_s * backoff_factor ** (n - 1))``.
@@ -55,6 +64,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from trtspec.errors import one_line
+
 log = logging.getLogger("trtspec.serving.supervisor")
 
 Clock = Callable[[], float]
@@ -74,6 +85,12 @@ class Action(str, enum.Enum):
 
 
 HealthListener = Callable[[str, Health, Health, str], None]  # (model, old, new, reason)
+
+BUSY_RECHECK_S = 0.25  # while the model is busy, ask again this soon whether a probe or reload is due
+
+
+def _never_busy() -> bool:
+    return False
 
 
 @dataclass(frozen=True)
@@ -126,8 +143,10 @@ class ModelSupervisor:
         *,
         can_reload: bool = True,
         listeners: Iterable[HealthListener] = (),
+        busy: Callable[[], bool] = _never_busy,
     ) -> None:
         self.name = name
+        self._busy = busy
         self.config = config
         self.can_reload = can_reload
         self._clock = clock
@@ -143,6 +162,9 @@ class ModelSupervisor:
         self._recovered_at = -math.inf  # last time it became HEALTHY again
         self._cause = ""
         self._episode_reloads = 0
+        self._fatal = False  # the current FAILED came from Triton saying the stub is dead
+        self._probe_began: float | None = None  # a probe is running since then
+        self.last_probe: dict | None = None  # {"ok", "seconds", "at"} of the last probe
         self.last_error = ""
         self.errors_reported = 0
         self.reloads = 0  # reloads that returned
@@ -171,16 +193,22 @@ class ModelSupervisor:
 
     def _due(self, now: float) -> tuple[Action | None, float]:
         s = self._state
-        if s in (Health.SUSPECT, Health.PROBING):
+        if s is Health.PROBING:
             return Action.PROBE, 0.0
+        if s is Health.SUSPECT:
+            return (None, BUSY_RECHECK_S) if self._busy() else (Action.PROBE, 0.0)
         if s is Health.FAILED:
             wait = self._next_attempt_at - now
             if wait > 0:
                 return None, wait
+            if not self._fatal and self._busy():  # calls in flight still progress: no reload under them
+                return None, BUSY_RECHECK_S
             return (Action.RELOAD if self.can_reload else Action.PROBE), 0.0
         if s is Health.HEALTHY and self.config.health_interval_s > 0:
             wait = self._last_ok + self.config.health_interval_s - now
-            return (Action.PROBE, 0.0) if wait <= 0 else (None, wait)
+            if wait > 0:
+                return None, wait
+            return (None, BUSY_RECHECK_S) if self._busy() else (Action.PROBE, 0.0)
         return None, math.inf
 
     def snapshot(self) -> dict:
@@ -203,15 +231,45 @@ class ModelSupervisor:
                 "reload_failures": self.reload_failures,
                 "probe_failures": self.probe_failures,
                 "last_answer_age_s": now - self._last_ok,
+                "busy": self._busy(),
+                "probe": self._probe_status(now, action),
                 "outages": len(self.outages),
                 "last_outage": last.to_dict() if last is not None else None,
             }
 
+    def _probe_status(self, now: float, due: Action | None) -> dict:
+        """What the probing does now: ``running``, ``due``, ``waiting`` (busy: its calls in flight are
+        the check) or ``idle``; with the last probe's outcome."""
+        if self._probe_began is not None:
+            state = "running"
+        elif due is Action.PROBE:
+            state = "due"
+        elif self._state in (Health.HEALTHY, Health.SUSPECT) and self._busy():
+            state = "waiting"
+        else:
+            state = "idle"
+        last = self.last_probe
+        return {
+            "state": state,
+            "running_for_s": None if self._probe_began is None else now - self._probe_began,
+            "last_ok": None if last is None else last["ok"],
+            "last_seconds": None if last is None else last["seconds"],
+            "last_age_s": None if last is None else now - last["at"],
+        }
+
     # -- the request path ------------------------------------------------------------
 
     def report_ok(self) -> None:
-        """A call answered (cheap: called on every successful call)."""
+        """A call answered (cheap: called on every successful call). A SUSPECT model is HEALTHY again."""
         self._last_ok = self._clock()
+        if self._state is not Health.SUSPECT:
+            return
+        fired: list[tuple[Health, Health, str]] = []
+        with self._lock:
+            if self._state is Health.SUSPECT:
+                self._recovered_at = self._last_ok
+                self._move(Health.HEALTHY, "a call answered", fired)
+        self._notify(fired)
 
     def report_error(self, reason: str, *, fatal: bool = False, started_at: float | None = None) -> bool:
         """A call failed; True when this changed the state (a probe or a reload is due).
@@ -234,8 +292,10 @@ class ModelSupervisor:
                 if fatal:
                     self._attempt = 0
                     self._next_attempt_at = self._clock()
+                    self._fatal = True
             elif self._state is Health.SUSPECT and fatal:
                 self._fail(reason, fired)
+                self._fatal = True
         self._notify(fired)
         return bool(fired)
 
@@ -258,15 +318,16 @@ class ModelSupervisor:
                 try:
                     reload()
                 except Exception as e:
-                    self._reload_failed(_one_line(e))
+                    self._reload_failed(one_line(e))
                 else:
                     self._reloaded()
             else:
                 began = self._state
+                self._probe_began = self._clock()
                 try:
                     probe()
                 except Exception as e:
-                    self._probe_done(False, _one_line(e), began)
+                    self._probe_done(False, one_line(e), began)
                 else:
                     self._probe_done(True, "", began)
         return 0.0
@@ -298,6 +359,9 @@ class ModelSupervisor:
         fired: list[tuple[Health, Health, str]] = []
         with self._lock:
             now = self._clock()
+            if self._probe_began is not None:
+                self.last_probe = {"ok": ok, "seconds": now - self._probe_began, "at": now}
+            self._probe_began = None
             if ok:
                 self._last_ok = now
                 if self._state is not Health.HEALTHY:
@@ -323,6 +387,7 @@ class ModelSupervisor:
         """Into FAILED (caller holds the lock). From HEALTHY/SUSPECT the first attempt is
         immediate; every later failure backs off."""
         now = self._clock()
+        self._fatal = False
         if self._state in (Health.HEALTHY, Health.SUSPECT):
             self._attempt = 0
         else:
@@ -399,14 +464,9 @@ class SupervisorThread:
             except Exception as e:  # a bug here must not end supervision
                 log.exception("supervisor of %r failed", self.supervisor.name)
                 if self._on_error is not None:
-                    self._on_error(f"supervisor of {self.supervisor.name!r} failed: {_one_line(e)}")
+                    self._on_error(f"supervisor of {self.supervisor.name!r} failed: {one_line(e)}")
                 wait = self._max_wait_s
             if self._stop:
                 return
             self._wake.wait(max(0.0, min(wait, self._max_wait_s)))
             self._wake.clear()
-
-
-def _one_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

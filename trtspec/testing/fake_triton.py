@@ -503,8 +503,8 @@ def fake_deployment(
     **spec_decode_options: Any,
 ) -> FakeTriton:
     """``target``, ``draft`` (optional) and ``spec_decode`` in this process, configured as
-    :func:`trtspec.build.repo.write_model_repo` would configure them, talking through BLS."""
-    from trtspec.build.repo import checkpoint_facts, lm_config, spec_decode_config
+    :func:`trtspec.builder.repo.write_model_repo` would configure them, talking through BLS."""
+    from trtspec.builder.repo import checkpoint_facts, lm_config, spec_decode_config
     from trtspec.serving.triton import lm, spec_decode
 
     target_dir, vocab, target_ctx = checkpoint_facts(Path(target), None)

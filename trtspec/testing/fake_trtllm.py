@@ -1,7 +1,7 @@
 """A stand-in for a TensorRT-LLM engine on Triton's ``tensorrtllm`` backend, for machines without a GPU.
 
 :class:`TritonPythonModel` is a Python-backend model with the ``tensorrtllm``
-model's interface (the config :func:`trtspec.build.trtllm.tensorrtllm_model_config`
+model's interface (the config :func:`trtspec.builder.trtllm.tensorrtllm_model_config`
 writes, only ``backend: "python"``) and its answers, computed with our torch
 runtime on an HF checkpoint (parameter ``emulate_checkpoint``):
 
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtspec.serving.triton import load_pb_utils, model_parameters, param_str
-from trtspec.spec.acceptance import sample, warp_probs
-from trtspec.spec.types import SamplingParams
+from trtspec.serving.triton import load_pb_utils, model_parameters
+from trtspec.decoding.acceptance import sample, warp_probs
+from trtspec.decoding.types import SamplingParams
 
 SHIM_MODULE = "trtspec.testing.fake_trtllm"
 
@@ -65,7 +65,7 @@ class TritonPythonModel:
         self.pb = load_pb_utils(self._pb_override)
         config = json.loads(args["model_config"])
         self.name = args.get("model_name") or config.get("name", self.name)
-        checkpoint = param_str(model_parameters(config), "emulate_checkpoint")
+        checkpoint = model_parameters(config).get("emulate_checkpoint", "")
         if not checkpoint:
             raise ValueError(f"model '{self.name}': parameter 'emulate_checkpoint' is required")
         if self._pb_override is None:
@@ -170,8 +170,8 @@ def emulated_config(base: dict, checkpoint: str | Path) -> dict:
 def trtllm_model_configs(target: str | Path, draft: str | Path, max_batch_size: int = 8) -> dict[str, dict]:
     """``target`` and ``draft`` configs as ``trtspec build --backend trtllm`` writes them (their
     ``tensorrtllm`` interface), emulated on the two HF checkpoints."""
-    from trtspec.build.repo import checkpoint_facts
-    from trtspec.build.trtllm import TrtllmModelConfig, tensorrtllm_model_config
+    from trtspec.builder.repo import checkpoint_facts
+    from trtspec.builder.trtllm import TrtllmModelConfig, tensorrtllm_model_config
 
     configs = {}
     for name, checkpoint in (("target", target), ("draft", draft)):
@@ -187,7 +187,7 @@ def trtllm_model_configs(target: str | Path, draft: str | Path, max_batch_size: 
 def fake_trtllm_deployment(target: str | Path, draft: str | Path, **spec_decode_options: Any) -> Any:
     """``spec_decode`` (``model_backend: tensorrtllm``) over emulated ``target``/``draft`` engines,
     in this process (:class:`~trtspec.testing.fake_triton.FakeTriton`)."""
-    from trtspec.build.repo import checkpoint_facts, spec_decode_config
+    from trtspec.builder.repo import checkpoint_facts, spec_decode_config
     from trtspec.serving.triton import spec_decode
     from trtspec.testing.fake_triton import FakeTriton
 
@@ -207,8 +207,8 @@ def write_emulated_trtllm_repo(repo_dir: str | Path, target: str | Path, draft: 
     """A model repository as ``trtspec build --backend trtllm`` writes it (``spec_decode`` with
     ``model_backend: tensorrtllm``; ``target``/``draft`` with the ``tensorrtllm`` interface), whose
     engines are emulated by this module, so a real tritonserver without a GPU serves it.
-    ``options``: further arguments of :func:`trtspec.build.repo.write_model_repo`."""
-    from trtspec.build.repo import model_py, render_pbtxt, write_model_repo
+    ``options``: further arguments of :func:`trtspec.builder.repo.write_model_repo`."""
+    from trtspec.builder.repo import model_py, render_pbtxt, write_model_repo
 
     repo = write_model_repo(repo_dir, target_checkpoint=target, draft_checkpoint=draft, model_backend="tensorrtllm",
                             **options)

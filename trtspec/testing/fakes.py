@@ -2,7 +2,7 @@
 
 ``BigramLM``: next-token logits depend only on the last token (a ``[vocab,
 vocab]`` table), so exact target distributions are known in closed form. It
-implements :class:`~trtspec.spec.protocols.LanguageModel` and counts calls, so
+implements :class:`~trtspec.decoding.protocols.LanguageModel` and counts calls, so
 tests can check that verification is ONE forward pass and that rollback
 happens.
 """
@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from trtspec.decoding.wrapping import ModelWrapper, SessionWrapper
 
 
 @dataclass
@@ -88,46 +90,28 @@ class BigramLM:
         return BigramSession(self)
 
 
-class FailingLM:
+class FailingLM(ModelWrapper):
     """Wraps a model; its sessions raise after ``fail_after`` forward calls (a dying draft)."""
 
     def __init__(self, inner: BigramLM, fail_after: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.fail_after = fail_after
         self.calls = 0
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
 
     def new_session(self, session_id: str = "") -> _FailingSession:
         return _FailingSession(self, self.inner.new_session(session_id))
 
 
-class _FailingSession:
+class _FailingSession(SessionWrapper):
     def __init__(self, owner: FailingLM, inner: BigramSession) -> None:
+        super().__init__(inner)
         self._owner = owner
-        self._inner = inner
-
-    @property
-    def num_cached(self) -> int:
-        return self._inner.num_cached
 
     def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
         self._owner.calls += 1
         if self._owner.calls > self._owner.fail_after:
             raise RuntimeError("draft process died")
-        return self._inner.forward(token_ids, num_logits)
-
-    def truncate(self, length: int) -> None:
-        self._inner.truncate(length)
-
-    def close(self) -> None:
-        self._inner.close()
+        return self.inner.forward(token_ids, num_logits)
 
 
 class CharDetokenizer:

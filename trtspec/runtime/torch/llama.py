@@ -14,7 +14,7 @@ architectures go through :mod:`trtspec.runtime.torch.hf`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from trtspec.errors import CheckpointError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+PAD_POSITIONS = 64  # cache slots and RoPE rows past the context, for padding rows; the most rows a pass has
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,10 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(w, Int8Weight):
-        y = torch.ops.aten._weight_int8pack_mm(x, w.q, w.scale)
+        if x.device.type == "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(x, w.q, w.scale)
+        else:  # CUDA: dequantize in the matmul's input (gpt-fast's weight-only int8; inductor fuses it)
+            y = F.linear(x, w.q.to(x.dtype)) * w.scale
         return y + bias if bias is not None else y
     return F.linear(x, w, bias)
 
@@ -163,8 +167,8 @@ class LlamaWeights:
         self.dtype = dtype
         self.device = torch.device(device)
         self.int8 = int8
-        if int8 and (dtype != torch.bfloat16 or self.device.type != "cpu"):
-            raise CheckpointError("int8 weight-only compute runs on CPU with bfloat16 activations")
+        if int8 and dtype != torch.bfloat16:
+            raise CheckpointError("int8 weight-only compute runs with bfloat16 activations")
 
         def raw(name: str) -> torch.Tensor:
             t = tensors.get(name)
@@ -189,8 +193,8 @@ class LlamaWeights:
                 return torch.cat([t for t, _ in parts]).to(device=self.device, dtype=dtype).contiguous()
             if not int8:  # pre-quantized checkpoint run in a float dtype: dequantize
                 return torch.cat([t.float() * sc[:, None] for t, sc in parts]).to(self.device, dtype).contiguous()
-            q = torch.cat([t for t, _ in parts]).contiguous()
-            scale = torch.cat([sc for _, sc in parts]).to(dtype)
+            q = torch.cat([t for t, _ in parts]).to(self.device).contiguous()
+            scale = torch.cat([sc for _, sc in parts]).to(self.device, dtype)
             return Int8Weight(q=q, scale=scale)
 
         def maybe_vec(name: str) -> torch.Tensor | None:
@@ -218,7 +222,8 @@ class LlamaWeights:
         else:
             self.lm_head = mat("lm_head.weight")  # [vocab, hidden]
         inv_freq = _rope_inv_freq(cfg)
-        pos = torch.arange(cfg.max_position_embeddings, dtype=torch.float64)
+        # PAD_POSITIONS more rows: padding rows of a static-shape pass continue past the last real position.
+        pos = torch.arange(cfg.max_position_embeddings + PAD_POSITIONS, dtype=torch.float64)
         freqs = torch.outer(pos, inv_freq)  # [max_pos, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_pos, head_dim]
         # RoPE tables in the compute dtype, as HF casts them.
@@ -254,7 +259,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache:
-    """Keys and values of one sequence: ``[layers, kv_heads, capacity, head_dim]`` each."""
+    """Keys and values of one sequence: ``[layers, kv_heads, capacity, head_dim]`` each.
+
+    Zero-filled, and every slot ever written holds finite values, so keys that
+    the mask hides contribute exactly nothing (a hidden NaN would poison the
+    softmax).
+    """
 
     def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, capacity: int):
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
@@ -267,7 +277,7 @@ class KVCache:
         return self.k.shape[2]
 
     def reserve(self, needed: int, limit: int) -> None:
-        """Grow (doubling, up to ``limit``) so that ``needed`` tokens fit."""
+        """Grow (doubling, up to ``limit``) so that ``needed`` slots fit."""
         if needed <= self.capacity:
             return
         new_cap = min(limit, max(needed, 2 * self.capacity))
@@ -278,57 +288,117 @@ class KVCache:
         v[:, :, : self.length] = self.v[:, :, : self.length]
         self.k, self.v = k, v
 
+    def copy_prefix_from(self, other: KVCache) -> None:
+        """Hold ``other``'s first ``other.length`` tokens (this cache must be large enough)."""
+        n = other.length
+        self.k[:, :, :n] = other.k[:, :, :n]
+        self.v[:, :, :n] = other.v[:, :, :n]
+        self.length = n
+
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+
+def causal_mask(pos: torch.Tensor, window: int) -> torch.Tensor:
+    """``[rows, window]`` bool: row ``i`` sees key ``j`` iff ``j <= pos[i]``."""
+    return torch.arange(window, device=pos.device)[None, :] <= pos[:, None]
+
+
+def _qkv(
+    x: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor, cfg: LlamaConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """First half of a layer: norm, fused Q/K/V projection, RoPE. ``q [nh, R, hd]``, ``k, v [nkv, R, hd]``."""
+    n, nh, nkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h = _rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
+    qkv = _linear(h, layer.w_qkv, layer.b_qkv)  # [R, (nh + 2 nkv) hd]
+    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q = q.view(n, nh, hd).transpose(0, 1)
+    k = k.view(n, nkv, hd).transpose(0, 1)
+    v = v.view(n, nkv, hd).transpose(0, 1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
+def _attend_mlp(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    layer: _Layer,
+    cfg: LlamaConfig,
+) -> torch.Tensor:
+    """Second half of a layer: attention over the cached ``keys``/``values`` ``[nkv, W, hd]``, then the MLP."""
+    n, nh, nkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    attn = F.scaled_dot_product_attention(
+        q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=nh != nkv
+    )  # [1, nh, R, hd]
+    x = x + _linear(attn[0].transpose(0, 1).reshape(n, nh * hd), layer.w_o)
+    h = _rms_norm(x, layer.mlp_norm, cfg.rms_norm_eps)
+    gate, up = _linear(h, layer.w_gate_up).chunk(2, dim=-1)
+    return x + _linear(F.silu(gate) * up, layer.w_down)
+
+
+def _head(x: torch.Tensor, norm: torch.Tensor, lm_head: Weight, eps: float) -> torch.Tensor:
+    return _linear(_rms_norm(x, norm, eps), lm_head).float()
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """The pieces :func:`forward` runs: eager functions, or the same ones through ``torch.compile``.
+
+    Compiled pieces are pure (the KV write stays outside them), so one
+    compilation serves every layer and captures into a CUDA graph as is.
+    """
+
+    qkv: Callable = _qkv
+    attend_mlp: Callable = _attend_mlp
+    head: Callable = _head
+
+    @classmethod
+    def compiled(cls) -> LayerOps:
+        # One compilation per (rows, window) and model shape: more than dynamo's default 8 per function.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+        def c(fn: Callable) -> Callable:
+            return torch.compile(fn, fullgraph=True, dynamic=False)
+
+        return cls(qkv=c(_qkv), attend_mlp=c(_attend_mlp), head=c(_head))
+
+
+EAGER = LayerOps()
 
 
 def forward(
     w: LlamaWeights,
     cache: KVCache,
-    token_ids: Sequence[int],
-    num_logits: int,
-) -> torch.Tensor:
-    """Append ``token_ids`` at ``cache.length`` and return ``[num_logits, vocab]`` float32 logits."""
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    window: int,
+    mask: torch.Tensor | None,
+    first_logit: int | None,
+    ops: LayerOps = EAGER,
+) -> torch.Tensor | None:
+    """One pass: write the K/V of ``ids [R]`` at positions ``pos [R]``, attend over cache slots ``0..window-1``.
+
+    ``mask [R, window]`` (:func:`causal_mask`) hides keys after each row's own
+    position (``None``: every key visible, a single row at the cache's end).
+    Returns float32 logits ``[R - first_logit, vocab]`` of rows
+    ``first_logit:``, or ``None`` when ``first_logit`` is ``None``. A row's
+    result depends only on its token, its position and the cached keys it sees,
+    not on the other rows; with ``R`` and ``window`` fixed the arithmetic is
+    fixed too (what exact mode relies on). Does not move ``cache.length``.
+    """
     cfg = w.cfg
-    n = len(token_ids)
-    assert n > 0 and 0 <= num_logits <= n
-    start = cache.length
-    end = start + n
-    cache.reserve(end, cfg.max_position_embeddings)
-    ids = torch.as_tensor(token_ids, dtype=torch.int64, device=w.device)
-    x = _embed(ids, w.embed)  # [n, hidden]
-    cos = w.cos[start:end]  # [n, head_dim]
-    sin = w.sin[start:end]
-    nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    if n > 1:
-        # Query i (absolute position start + i) sees keys 0..start + i.
-        q_pos = torch.arange(start, end, device=w.device)[:, None]
-        mask = torch.arange(end, device=w.device)[None, :] <= q_pos  # [n, end]
-    else:
-        mask = None
-    eps = cfg.rms_norm_eps
+    assert ids.dim() == 1 and pos.shape == ids.shape and int(ids.shape[0]) > 0
+    assert window <= cache.capacity, f"window {window} exceeds the cache's {cache.capacity} slots"
+    x = _embed(ids, w.embed)  # [R, hidden]
+    cos = w.cos[pos]  # [R, head_dim]
+    sin = w.sin[pos]
     for li, layer in enumerate(w.layers):
-        h = _rms_norm(x, layer.attn_norm, eps)
-        qkv = _linear(h, layer.w_qkv, layer.b_qkv)  # [n, (nh + 2 nkv) hd]
-        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = q.view(n, nh, hd).transpose(0, 1)  # [nh, n, hd]
-        k = k.view(n, nkv, hd).transpose(0, 1)  # [nkv, n, hd]
-        v = v.view(n, nkv, hd).transpose(0, 1)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        cache.k[li, :, start:end] = k
-        cache.v[li, :, start:end] = v
-        keys = cache.k[li, :, :end]  # [nkv, end, hd]
-        values = cache.v[li, :, :end]
-        attn = F.scaled_dot_product_attention(
-            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=nh != nkv
-        )  # [1, nh, n, hd]
-        x = x + _linear(attn[0].transpose(0, 1).reshape(n, nh * hd), layer.w_o)
-        h = _rms_norm(x, layer.mlp_norm, eps)
-        gate, up = _linear(h, layer.w_gate_up).chunk(2, dim=-1)
-        x = x + _linear(F.silu(gate) * up, layer.w_down)
-    cache.length = end
-    if num_logits == 0:
-        return torch.empty((0, cfg.vocab_size), dtype=torch.float32)
-    x = _rms_norm(x[n - num_logits :], w.norm, eps)
-    return _linear(x, w.lm_head).float()
+        q, k, v = ops.qkv(x, layer, cos, sin, cfg)
+        cache.k[li].index_copy_(1, pos, k)
+        cache.v[li].index_copy_(1, pos, v)
+        x = ops.attend_mlp(x, q, cache.k[li, :, :window], cache.v[li, :, :window], mask, layer, cfg)
+    if first_logit is None:
+        return None
+    return ops.head(x[first_logit:], w.norm, w.lm_head, cfg.rms_norm_eps)

@@ -3,6 +3,13 @@
 Precision ``auto`` runs what the checkpoint says: an int8 checkpoint (int8
 tensors, or ``trtspec_quantization`` in ``config.json``) as weight-only int8
 with bfloat16 activations, anything else in float32 on CPU and bfloat16 on CUDA.
+
+Shapes (lean runtime, :mod:`trtspec.runtime.torch.shapes`): ``exact`` makes
+every pass the same number of rows, so speculation changes no bit of the
+output; default on for CUDA (padding is nearly free there), off on CPU, where a
+padded pass costs what its rows cost (docs/runtime.md has the figures).
+``graphs`` (default: on CUDA) replays static-shape passes as CUDA graphs; the
+common shapes are captured at load and reported in ``LoadedModel.graphs``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.hf import HFCausalLM
 from trtspec.runtime.torch.lean import LeanLlamaLM
 from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights
+from trtspec.runtime.torch.shapes import EXACT_ROWS, GRAPH_ROWS, GraphStats, ShapePlan
 
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
 Impl = Literal["auto", "lean", "hf"]
@@ -41,6 +49,15 @@ class LoadedModel:
     impl: str  # lean | hf
     config: dict = field(repr=False, default_factory=dict)
     load_time_s: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return isinstance(self.lm, LeanLlamaLM) and self.lm.exact
+
+    @property
+    def graphs(self) -> GraphStats | None:
+        """Captured shapes, their capture time and memory (``None``: no graphs)."""
+        return self.lm.graphs.stats if isinstance(self.lm, LeanLlamaLM) and self.lm.graphs else None
 
     @property
     def weight_bytes(self) -> int:
@@ -160,8 +177,13 @@ def load_model(
     impl: Impl = "auto",
     max_context: int | None = None,
     progress: Callable[[str], None] | None = None,
+    exact: bool | None = None,
+    graphs: bool | None = None,
 ) -> LoadedModel:
-    """Load ``path`` into the lean runtime (Llama family) or the HF runtime."""
+    """Load ``path`` into the lean runtime (Llama family) or the HF runtime.
+
+    ``exact`` / ``graphs``: ``None`` takes the device's default (module docstring).
+    """
     if precision not in PRECISIONS:
         raise CheckpointError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     t0 = time.perf_counter()
@@ -178,6 +200,13 @@ def load_model(
         raise CheckpointError(f"the lean runtime runs {SUPPORTED_ARCHITECTURES}; {hf_dir} is {archs}")
     if precision == "int8" and impl != "lean":
         raise CheckpointError("int8 weight-only runs on the lean runtime only (Llama-family checkpoints)")
+    if impl != "lean" and (exact or graphs):
+        raise CheckpointError("exact mode and CUDA graphs run on the lean runtime only (Llama-family checkpoints)")
+    if graphs and not dev.startswith("cuda"):
+        raise CheckpointError(f"CUDA graphs need a CUDA device; the model runs on {dev!r}")
+    on_cuda = dev.startswith("cuda")
+    exact = on_cuda if exact is None else exact
+    graphs = on_cuda if graphs is None else graphs
     tokenizer = Tokenizer.from_dir(hf_dir)
     if impl == "lean":
         lcfg = LlamaConfig.from_hf(cfg)
@@ -185,7 +214,12 @@ def load_model(
         dtype = torch.bfloat16 if precision == "int8" else _DTYPES[precision]
         weights = LlamaWeights(lcfg, tensors, dtype, dev, int8=precision == "int8")
         del tensors
-        lm: LeanLlamaLM | HFCausalLM = LeanLlamaLM(weights, max_context=max_context)
+        plan = ShapePlan(exact_rows=EXACT_ROWS if exact else None, rows_buckets=GRAPH_ROWS if graphs else ())
+        lm: LeanLlamaLM | HFCausalLM = LeanLlamaLM(weights, max_context=max_context, plan=plan, graphs=graphs)
+        if graphs:
+            if progress:
+                progress("capturing CUDA graphs of the common shapes")
+            lm.capture_common()
     else:
         from transformers import AutoModelForCausalLM
 

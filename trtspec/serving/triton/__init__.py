@@ -8,7 +8,6 @@ stub, so the classes import it lazily and accept a stand-in
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 
@@ -27,66 +26,9 @@ def model_parameters(model_config: dict) -> dict[str, str]:
     return {k: str(v.get("string_value", "")) for k, v in params.items()}
 
 
-def param_str(params: dict[str, str], key: str, default: str = "") -> str:
-    v = params.get(key, "")
-    return v if v != "" else default
-
-
-def param_int(params: dict[str, str], key: str, default: int) -> int:
-    v = params.get(key, "")
-    if v == "":
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"model parameter {key!r} must be an integer, got {v!r}") from None
-
-
-def param_float(params: dict[str, str], key: str, default: float) -> float:
-    v = params.get(key, "")
-    if v == "":
-        return default
-    try:
-        f = float(v)
-    except ValueError:
-        raise ValueError(f"model parameter {key!r} must be a number, got {v!r}") from None
-    if not math.isfinite(f):
-        raise ValueError(f"model parameter {key!r} must be finite, got {v!r}")
-    return f
-
-
-def check_parameter_keys(model: str, params: dict[str, str], allowed: tuple[str, ...]) -> None:
-    """Refuse parameter keys the model does not know (a typo must not be silently ignored)."""
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"model '{model}': unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
-        )
-
-
-def param_bool(params: dict[str, str], key: str, default: bool) -> bool:
-    v = params.get(key, "").strip().lower()
-    if v == "":
-        return default
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"model parameter {key!r} must be true or false, got {v!r}")
-
-
 def error_code(pb: Any, name: str) -> Any:
     """``pb.TritonError.<name>`` (INVALID_ARG, UNAVAILABLE, CANCELLED, INTERNAL, ...)."""
     return getattr(pb.TritonError, name)
 
 
-__all__ = [
-    "check_parameter_keys",
-    "error_code",
-    "load_pb_utils",
-    "model_parameters",
-    "param_bool",
-    "param_float",
-    "param_int",
-    "param_str",
-]
+__all__ = ["error_code", "load_pb_utils", "model_parameters"]

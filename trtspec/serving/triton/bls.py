@@ -1,7 +1,7 @@
 """The draft and target as seen from ``spec_decode``: language models behind BLS calls.
 
 :class:`BLSLanguageModel` / :class:`BLSSession` implement the loop's
-:class:`~trtspec.spec.protocols.LanguageModel` / ``LMSession`` over the
+:class:`~trtspec.decoding.protocols.LanguageModel` / ``LMSession`` over the
 draft/target protocol (``protocol.LM_INPUTS``). The session keeps the token
 list the remote cache should hold: ``forward`` appends and calls the model with
 the WHOLE list, ``truncate`` only shortens the list (the model sees the
@@ -20,21 +20,21 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from trtspec.errors import TrtspecError
-from trtspec.spec.types import Proposal, SamplingParams
+from trtspec.errors import ModelCallError, ModelTimeoutError, one_line
+from trtspec.decoding.types import Proposal, SamplingParams
 
 
-class BLSError(TrtspecError):
+class BLSError(ModelCallError):
     """A call to the draft or target model failed (model down, unloaded, or it answered an error)."""
 
 
-class BLSTimeout(BLSError):
+class BLSTimeout(BLSError, ModelTimeoutError):
     """A call to the draft or target model missed its deadline (it may still finish; its result is unused)."""
 
 
 class StubDeadError(BLSError):
     """The model's Python stub is dead: Triton answers "Stub process '<m>_0_0' is not healthy."
-    (it does not restart the stub; see DESIGN.md). No probe is needed to know it must be reloaded."""
+    (it does not restart the stub; docs/reliability.md). No probe is needed to know it must be reloaded."""
 
 
 _DEAD_STUB = re.compile(r"Stub process .* is not healthy")
@@ -42,7 +42,7 @@ _DEAD_STUB = re.compile(r"Stub process .* is not healthy")
 
 class RemoteModel(Protocol):
     """A draft or target in its own Triton model, as ``spec_decode`` drives and supervises it:
-    a :class:`~trtspec.spec.protocols.LanguageModel` with a name and a probe."""
+    a :class:`~trtspec.decoding.protocols.LanguageModel` with a name and a probe."""
 
     model_name: str
 
@@ -161,9 +161,9 @@ def exec_bls(pb: Any, model_name: str, inputs: list, outputs: list[str]) -> list
     try:
         response = request.exec()
     except Exception as e:  # the stub raises when the model is missing or not ready
-        raise BLSError(f"model '{model_name}' is unavailable: {_one_line(e)}") from e
+        raise BLSError(f"model '{model_name}' is unavailable: {one_line(e)}") from e
     if response.has_error():
-        message = _one_line(response.error().message())
+        message = one_line(response.error().message())
         error = StubDeadError if _DEAD_STUB.search(message) else BLSError
         raise error(f"model '{model_name}' failed: {message}")
     arrays = []
@@ -244,8 +244,3 @@ class BLSSession(RemoteSequence):
             return
         self._closed = True
         self._model.call(self.session_id, [], 0, release=True)
-
-
-def _one_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -4,11 +4,16 @@
 
 - the BLS call pools (one per model) and the guarded models (:mod:`trtspec.serving.guard`): every
   draft call has a deadline from :class:`~trtspec.serving.deadline.AdaptiveDeadline`,
-  every target call a fixed one (``target_timeout_s``);
+  every target call one that grows with the work asked
+  (:class:`~trtspec.serving.deadline.WorkDeadline`: ``target_timeout_s + timeout_per_token_s x``
+  the tokens of the pass and of the calls queued ahead), which also bounds how long a late draft
+  call still counts as progress; a long target pass is fed in chunks of ``prefill_chunk_tokens``;
 - one :class:`~trtspec.serving.supervisor.ModelSupervisor` per model, driven by a
   :class:`~trtspec.serving.supervisor.SupervisorThread` whose reload is an unload then a load
   through Triton's repository API (see :meth:`DeploymentHealth._reload`) and whose probe is a real forward
-  through BLS (a two-token sequence, then its release), bounded by ``probe_timeout_s``;
+  through BLS (a two-token sequence, then its release), bounded by ``probe_timeout_s``, never
+  sent while the model's calls in flight still progress (they are the check; the probe would
+  queue behind them) nor while Triton says the model is loading;
 - the status file (``<TRTSPEC_STATUS_DIR>/<model>.json``, every second).
 
 What each signal does:
@@ -53,12 +58,14 @@ from typing import Any
 
 from trtspec.control.breaker import BreakerState
 from trtspec.control.governor import SpeculationGovernor
+from trtspec.errors import one_line
 from trtspec.serving import statusfile
-from trtspec.serving.deadline import AdaptiveDeadline
+from trtspec.serving.deadline import AdaptiveDeadline, WorkDeadline
 from trtspec.serving.guard import GuardedModel
 from trtspec.serving.launcher import TRITON_URL_ENV
 from trtspec.serving.supervisor import Health, ModelSupervisor, SupervisorConfig, SupervisorThread
 from trtspec.serving.triton.bls import BLSError, BLSTimeout, RemoteModel, StubDeadError
+from trtspec.wire import SpecDecodeParams
 
 
 UNLOAD_WAIT_S = 10.0  # at most this long for an unload to finish before the load
@@ -73,10 +80,33 @@ class HealthConfig:
     draft_timeout_max_s: float = 2.0
     draft_timeout_multiplier: float = 4.0
     draft_late_strikes: int = 3
-    target_timeout_s: float = 60.0  # 0: none
+    target_timeout_s: float = 30.0  # a one-token call's bound; 0: none
+    timeout_per_token_s: float = 0.05  # added per token of the pass and of the calls queued ahead
+    prefill_chunk_tokens: int = 512  # a longer target pass is fed in calls of this many; 0: one call
     probe_timeout_s: float = 30.0
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     status_interval_s: float = 1.0
+
+    @classmethod
+    def from_params(cls, p: SpecDecodeParams) -> HealthConfig:
+        """The reliability knobs of ``spec_decode``'s parameters."""
+        return cls(
+            supervise=p.supervise,
+            draft_timeout_s=p.draft_timeout_s,
+            draft_timeout_floor_s=p.draft_timeout_floor_s,
+            draft_timeout_max_s=p.draft_timeout_max_s,
+            draft_timeout_multiplier=p.draft_timeout_multiplier,
+            draft_late_strikes=p.draft_late_strikes,
+            target_timeout_s=p.target_timeout_s,
+            timeout_per_token_s=p.timeout_per_token_s,
+            prefill_chunk_tokens=p.prefill_chunk_tokens,
+            probe_timeout_s=p.probe_timeout_s,
+            supervisor=SupervisorConfig(
+                backoff_initial_s=p.reload_backoff_initial_s,
+                backoff_max_s=p.reload_backoff_max_s,
+                health_interval_s=p.health_interval_s,
+            ),
+        )
 
 
 class DeploymentHealth:
@@ -107,6 +137,7 @@ class DeploymentHealth:
         )
         self.draft: ModelSupervisor | None = None
         self.target: ModelSupervisor | None = None
+        self._guards: dict[str, GuardedModel] = {}  # by supervisor name
         self.draft_errors = 0
         self._late_streak = 0
         self._threads: list[SupervisorThread] = []
@@ -122,35 +153,51 @@ class DeploymentHealth:
         self._pools.append(pool)
         return pool
 
-    def guard_target(self, bls: RemoteModel) -> GuardedModel:
+    def work_deadline(self) -> WorkDeadline | None:
+        """A call's bound, by the work it asks (None: ``target_timeout_s`` 0, no bound)."""
+        c = self.config
+        return WorkDeadline(c.target_timeout_s, c.timeout_per_token_s) if c.target_timeout_s > 0 else None
+
+    def guard_target(self, bls: RemoteModel, prefill_chunk: int | None = None) -> GuardedModel:
+        """The target behind its deadline; ``prefill_chunk`` (default ``prefill_chunk_tokens``; 0 for a
+        model that cannot be fed without logits) splits long passes."""
         pool = self._pool(bls.model_name)
         self.target = self._supervisor(bls, pool)
-        limit = self.config.target_timeout_s
-        return GuardedModel(
+        limit = self.work_deadline()
+        guard = GuardedModel(
             bls,
             pool,
-            (lambda ahead: limit) if limit > 0 else (lambda ahead: None),
+            limit or (lambda work: None),
             _TargetHooks(self.target),
             late_error=lambda s: BLSTimeout(f"model '{bls.model_name}' did not answer within {s:g}s"),
+            prefill_chunk=self.config.prefill_chunk_tokens if prefill_chunk is None else prefill_chunk,
         )
+        self._guards[bls.model_name] = guard
+        return guard
 
     def guard_draft(self, bls: RemoteModel) -> GuardedModel:
         pool = self._pool(bls.model_name)
         self.draft = self._supervisor(bls, pool)
         if self.config.supervise:
             self.draft.add_listener(self._draft_changed)
-        return GuardedModel(
+        limit = self.work_deadline()
+        guard = GuardedModel(
             bls,
             pool,
-            self.draft_deadline.deadline_s,
+            lambda work: self.draft_deadline.deadline_s(work.calls_ahead),
             _DraftHooks(self),
             late_error=lambda s: BLSTimeout(f"model '{bls.model_name}' missed its deadline of {s * 1000:.0f} ms"),
             close_async=True,
+            stuck_after=limit or (lambda work: float("inf")),
         )
+        self._guards[bls.model_name] = guard
+        return guard
 
     def _supervisor(self, bls: RemoteModel, pool: ThreadPoolExecutor) -> ModelSupervisor:
         reload = self._reload(bls.model_name)
-        sup = ModelSupervisor(bls.model_name, self.config.supervisor, time.monotonic, can_reload=reload is not None)
+        name = bls.model_name
+        sup = ModelSupervisor(name, self.config.supervisor, time.monotonic, can_reload=reload is not None,
+                              busy=lambda: name in self._guards and self._guards[name].busy())
         sup.add_listener(self._log_transition)
         if self.config.supervise:
             probe = self._probe(bls, pool, sup)
@@ -162,12 +209,12 @@ class DeploymentHealth:
         server's HTTP endpoint (``TRTSPEC_TRITON_URL``, set by the launcher) nor ``pb_utils.load_model``
         is there.
 
-        A plain load of an unchanged model is not enough on Triton 2.51 (measured): the server
+        A plain load of an unchanged model is not enough on Triton 2.51: the server
         keeps the existing instance, dead stub and all, and reports success. Unloading first
         makes the load start a fresh stub. Through the HTTP repository API when the launcher told
         us where it is: ``pb_utils.load_model`` / ``unload_model`` hold up every BLS call of this
-        stub while the load runs (measured: all of spec_decode's requests stalled 3.6 s for the
-        tiny draft), the HTTP API does not.
+        stub while the load runs, the HTTP API does not (docs/reliability.md, "Why we need our own
+        supervisor", has both measured).
         """
         url = os.environ.get(TRITON_URL_ENV, "").rstrip("/")
         if url:
@@ -195,8 +242,11 @@ class DeploymentHealth:
         and given up as soon as the model is declared dead meanwhile (a probe queued behind calls to a
         dead stub can take seconds to fail; the reload need not wait for it)."""
         timeout = self.config.probe_timeout_s
+        url = os.environ.get(TRITON_URL_ENV, "").rstrip("/")
 
         def probe() -> None:
+            if url:
+                self._wait_while_loading(url, bls.model_name)
             future = pool.submit(bls.probe)
             deadline = time.monotonic() + timeout
             while True:
@@ -213,6 +263,13 @@ class DeploymentHealth:
                         ) from None
 
         return probe
+
+    def _wait_while_loading(self, url: str, name: str) -> None:
+        """Return once Triton no longer says ``name`` is loading (at most ``LOAD_TIMEOUT_S``): a model
+        being loaded -- by someone else's repository call, or still at start-up -- is not probed."""
+        deadline = time.monotonic() + LOAD_TIMEOUT_S
+        while _model_state(url, name) == "LOADING" and time.monotonic() < deadline and not self._stop.is_set():
+            self._stop.wait(0.2)
 
     # -- running -----------------------------------------------------------------------
 
@@ -307,12 +364,18 @@ class DeploymentHealth:
                 "fallbacks_total": gov.fallbacks_total,
             },
         }
+        if self.target is not None:
+            out["target"]["calls"] = self._calls_snapshot(self.target.name)
         if self.draft is not None:
             out["draft"] = {**self.draft.snapshot(), "deadline": self.draft_deadline.snapshot(),
-                            "errors": self.draft_errors}
+                            "errors": self.draft_errors, "calls": self._calls_snapshot(self.draft.name)}
         if self._extra_status is not None:
             out.update(self._extra_status())
         return out
+
+    def _calls_snapshot(self, name: str) -> dict | None:
+        guard = self._guards.get(name)
+        return guard.snapshot() if guard is not None else None
 
     def write_status(self) -> None:
         if self._status_path is not None:
@@ -351,6 +414,10 @@ class _DraftHooks:
             h._late_streak = 0
             h.draft.report_error(f"{strikes} draft calls in a row missed their deadline ({deadline_s * 1000:.0f} ms)")
 
+    def on_late_answer(self) -> None:
+        if self.h.draft is not None:
+            self.h.draft.report_ok()
+
     def on_error(self, k: int, error: BaseException, started_at: float) -> None:
         if not isinstance(error, BLSError):
             return  # a local error (the loop's own checks): nothing to learn about the draft's health
@@ -359,7 +426,7 @@ class _DraftHooks:
         if k > 0:
             h.governor.breaker.observe(k, 0)
         if h.draft is not None:
-            h.draft.report_error(_one_line(error), fatal=isinstance(error, StubDeadError), started_at=started_at)
+            h.draft.report_error(one_line(error), fatal=isinstance(error, StubDeadError), started_at=started_at)
 
 
 class _TargetHooks:
@@ -372,9 +439,12 @@ class _TargetHooks:
     def on_late(self, k: int, deadline_s: float) -> None:
         self.sup.report_error(f"no answer within {deadline_s:g}s")
 
+    def on_late_answer(self) -> None:
+        self.sup.report_ok()
+
     def on_error(self, k: int, error: BaseException, started_at: float) -> None:
         if isinstance(error, BLSError):
-            self.sup.report_error(_one_line(error), fatal=isinstance(error, StubDeadError), started_at=started_at)
+            self.sup.report_error(one_line(error), fatal=isinstance(error, StubDeadError), started_at=started_at)
 
 
 def _server_ready(url: str) -> bool:
@@ -383,6 +453,19 @@ def _server_ready(url: str) -> bool:
             return r.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _model_state(url: str, name: str) -> str:
+    """Triton's state of ``name`` in its repository index (``READY``, ``LOADING``, ...); "" when unknown."""
+    req = urllib.request.Request(f"{url}/v2/repository/index", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            index = json.loads(r.read() or b"[]")
+    except (urllib.error.URLError, OSError, ValueError):
+        return ""
+    states = [m.get("state", "") for m in index if isinstance(m, dict) and m.get("name") == name]
+    return str(states[0]) if states else ""
 
 
 def _reload_over_http(url: str, name: str, stop: threading.Event) -> None:
@@ -400,7 +483,7 @@ def _reload_over_http(url: str, name: str, stop: threading.Event) -> None:
                 body = str(json.loads(body).get("error", body))
             except (ValueError, AttributeError):
                 pass
-            raise BLSError(f"{path}: HTTP {e.code}: {_one_line(body)}") from None
+            raise BLSError(f"{path}: HTTP {e.code}: {one_line(body)}") from None
 
     def ready() -> bool:
         try:
@@ -414,8 +497,3 @@ def _reload_over_http(url: str, name: str, stop: threading.Event) -> None:
     while ready() and time.monotonic() < deadline:
         stop.wait(0.05)  # unloading is asynchronous: poll until it is done
     post(f"/v2/repository/models/{name}/load", LOAD_TIMEOUT_S)
-
-
-def _one_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

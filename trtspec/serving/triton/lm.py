@@ -1,34 +1,17 @@
 """The ``draft`` and ``target`` models of the torch backend: a runtime plus its KV caches.
 
-Inputs and outputs: ``protocol.LM_INPUTS`` / ``LM_OUTPUTS`` (the BLS protocol
+Inputs and outputs: ``wire.LM_INPUTS`` / ``LM_OUTPUTS`` (the BLS protocol
 ``spec_decode`` speaks). Caches live in a :class:`~trtspec.serving.sessions.SessionStore`,
 one per sequence, evicted LRU. Not decoupled: ``execute`` answers each request
 of the batch in order; a bad request gets ``INVALID_ARG`` and the others
 their logits.
 
-Model parameters (``config.pbtxt``, all strings):
-
-==================  ==========================================================
-``checkpoint``      HF directory or ``.gguf`` file (required)
-``precision``       auto | fp32 | bf16 | fp16 | int8 (default auto)
-``device``          auto | cpu | cuda[:N] (default auto)
-``max_context``     most tokens per sequence; 0 = the checkpoint's (default 0)
-``max_sessions``    KV caches kept before the least recently used is evicted (64)
-``num_threads``     torch intra-op threads; 0 = torch's default (0)
-``warmup``          run a dummy sequence at load (true)
-==================  ==========================================================
-
-Fault injection (for chaos runs on real models; the draft only -- a faulty
-target would change outputs -- and logged loudly at load). Faults wrap the
-runtime with :mod:`trtspec.control.faults` after the warm-up:
-
-======================  ======================================================
-``fault_wrong_share``   share of drafted tokens replaced by a wrong one (0)
-``fault_fail_share``    share of forward passes that raise (0): the call fails
-``fault_delay_s``       delay added to a forward pass (0)
-``fault_delay_share``   share of forward passes delayed (1.0 when a delay is set)
-``fault_seed``          seed of the fault draws (0)
-======================  ======================================================
+Model parameters (``config.pbtxt``, all strings): :class:`~trtspec.wire.LMParams`
+(table in docs/serving.md); unknown keys are refused at load (a typo must not
+pass silently). The ``fault_*`` parameters inject faults (for chaos runs on real
+models; the draft only -- a faulty target would change outputs -- and logged
+loudly at load): the runtime is wrapped with :mod:`trtspec.testing.faults`
+after the warm-up.
 
 Threads: on CPU the models are processes sharing the same cores. While
 ``spec_decode`` runs one request, draft and target take turns and each uses all
@@ -38,7 +21,6 @@ runs half its threads, so the two never hold more threads than there are
 cores (OpenMP threads that wait on a descheduled partner waste the core the
 other model needs; see docs/serving.md for the figures).
 
-Unknown parameter keys are refused at load (a typo must not pass silently).
 With ``TRTSPEC_STATUS_DIR`` set (the launcher sets it) the model writes
 ``<dir>/<name>.json``: sessions held, cache bytes, store counters
 (:mod:`trtspec.serving.statusfile`).
@@ -54,25 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.errors import InvalidRequestError
+from trtspec.errors import InvalidRequestError, one_line
 from trtspec.serving import statusfile
 from trtspec.serving.sessions import SessionStore
-from trtspec.serving.triton import (
-    check_parameter_keys,
-    error_code,
-    load_pb_utils,
-    model_parameters,
-    param_bool,
-    param_float,
-    param_int,
-    param_str,
-)
-from trtspec.spec.types import SamplingParams
-
-PARAMETERS = (
-    "checkpoint", "precision", "device", "max_context", "max_sessions", "num_threads", "warmup",
-    "fault_wrong_share", "fault_fail_share", "fault_delay_s", "fault_delay_share", "fault_seed",
-)
+from trtspec.serving.triton import error_code, load_pb_utils, model_parameters
+from trtspec.decoding.types import SamplingParams
+from trtspec.wire import LMParams
 
 
 class TritonPythonModel:
@@ -103,38 +72,32 @@ class TritonPythonModel:
         self.pb = load_pb_utils(self._pb_override)
         config = json.loads(args["model_config"])
         self.name = args.get("model_name") or config.get("name", "lm")
-        params = model_parameters(config)
-        check_parameter_keys(self.name, params, PARAMETERS)
-        checkpoint = param_str(params, "checkpoint")
-        if not checkpoint:
-            raise ValueError(f"model '{self.name}': parameter 'checkpoint' is required")
-        threads = param_int(params, "num_threads", 0)
-        if threads > 0:
-            torch.set_num_threads(threads)
+        params = LMParams.from_parameters(model_parameters(config), self.name)
+        if params.num_threads > 0:
+            torch.set_num_threads(params.num_threads)
         self._threads = self._threads_now = torch.get_num_threads()
         if self.set_threads is None:
             self.set_threads = torch.set_num_threads
-        max_context = param_int(params, "max_context", 0)
         self.loaded = load_model(
-            checkpoint,
-            param_str(params, "precision", "auto"),  # type: ignore[arg-type]
-            param_str(params, "device", "auto"),
-            max_context=max_context or None,
+            params.checkpoint,
+            params.precision,  # type: ignore[arg-type]
+            params.device,
+            max_context=params.max_context or None,
+            exact=params.exact_mode,
         )
-        max_sessions = param_int(params, "max_sessions", 64)
-        self.store = SessionStore(self.loaded.lm, max_sessions)
+        self.store = SessionStore(self.loaded.lm, params.max_sessions)
         self._memory = _MemoryGauge(self.pb, self.name, self.loaded.weight_bytes)
-        if param_bool(params, "warmup", True):
+        if params.warmup:
             self.warmup_s = self.warm_up()
-        faulty = self._with_faults(self.loaded.lm, params)  # after the warm-up: faults must not fail the load
-        if faulty is not self.loaded.lm:
-            self.store = SessionStore(faulty, max_sessions)
+        if params.has_faults:  # after the warm-up: faults must not fail the load
+            self.store = SessionStore(self._with_faults(self.loaded.lm, params), params.max_sessions)
             self.pb.Logger.log_warn(f"trtspec {self.name}: FAULT INJECTION ACTIVE {self.faults}")
         self._status_path = statusfile.status_path(self.name)
         self._write_status(force=True)
         self.pb.Logger.log_info(
             f"trtspec {self.name}: {self.loaded.path} ({self.loaded.impl}, {self.loaded.precision}) loaded in "
             f"{self.loaded.load_time_s:.2f}s; vocab {self.loaded.lm.vocab_size}, context {self.loaded.lm.max_context}, "
+            f"exact {self.loaded.exact}, graphs {self.loaded.graphs.to_dict() if self.loaded.graphs else 'off'}, "
             f"warm-up {self.warmup_s if self.warmup_s is not None else 'off'}"
         )
 
@@ -155,7 +118,7 @@ class TritonPythonModel:
                 responses.append(self._error(str(e), "INVALID_ARG"))
             except Exception as e:  # one request's failure must not fail the others
                 self.pb.Logger.log_error(f"trtspec {self.name}: {traceback.format_exc()}")
-                responses.append(self._error(f"{self.name} failed: {type(e).__name__}: {_one_line(e)}", "INTERNAL"))
+                responses.append(self._error(f"{self.name} failed: {type(e).__name__}: {one_line(e)}", "INTERNAL"))
         return responses
 
     def finalize(self) -> None:
@@ -165,35 +128,23 @@ class TritonPythonModel:
 
     # -- faults and status -------------------------------------------------------
 
-    def _with_faults(self, lm: Any, params: dict[str, str]) -> Any:
-        """``lm`` wrapped in the fault injectors the parameters ask for (``lm`` itself when none)."""
-        from trtspec.control.faults import UnreliableDraft, WrongTokenDraft
+    def _with_faults(self, lm: Any, p: LMParams) -> Any:
+        """``lm`` wrapped in the fault injectors the parameters ask for."""
+        from trtspec.testing.faults import UnreliableDraft, WrongTokenDraft
 
-        wrong = param_float(params, "fault_wrong_share", 0.0)
-        fail = param_float(params, "fault_fail_share", 0.0)
-        delay = param_float(params, "fault_delay_s", 0.0)
-        delay_share = param_float(params, "fault_delay_share", 1.0)
-        seed = param_int(params, "fault_seed", 0)
-        for key, v in (("fault_wrong_share", wrong), ("fault_fail_share", fail), ("fault_delay_share", delay_share)):
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"model '{self.name}': parameter {key!r} must be in [0, 1], got {v}")
-        if delay < 0:
-            raise ValueError(f"model '{self.name}': parameter 'fault_delay_s' must be >= 0, got {delay}")
-        if not (wrong or fail or delay):
-            return lm
-        if self.name == "target":
-            raise ValueError("model 'target': fault injection is for the draft only (it would change outputs)")
-        self.faults = {"wrong_share": wrong, "fail_share": fail, "delay_s": delay, "delay_share": delay_share, "seed": seed}
-        if wrong:
-            lm = WrongTokenDraft(lm, wrong, seed=seed)
-        if fail or delay:
-            rng = random.Random(seed + 1)
+        self.faults = {"wrong_share": p.fault_wrong_share, "fail_share": p.fault_fail_share,
+                       "delay_s": p.fault_delay_s, "delay_share": p.fault_delay_share, "seed": p.fault_seed}
+        if p.fault_wrong_share:
+            lm = WrongTokenDraft(lm, p.fault_wrong_share, seed=p.fault_seed)
+        if p.fault_fail_share or p.fault_delay_s:
+            rng = random.Random(p.fault_seed + 1)
 
             def sleep(seconds: float) -> None:  # a delayed share of the forward passes
-                if rng.random() < delay_share:
+                if rng.random() < p.fault_delay_share:
                     time.sleep(seconds)
 
-            lm = UnreliableDraft(lm, delay_s=delay, fail_share=fail, seed=seed, sleep=sleep)
+            lm = UnreliableDraft(lm, delay_s=p.fault_delay_s, fail_share=p.fault_fail_share, seed=p.fault_seed,
+                                 sleep=sleep)
         return lm
 
     def _write_status(self, force: bool = False) -> None:
@@ -363,8 +314,3 @@ def _seed(pb: Any, request: Any) -> int | None:
     if int(seed) < 0:
         raise InvalidRequestError(f"seed must be >= 0, got {seed}")
     return int(seed)
-
-
-def _one_line(e: object) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

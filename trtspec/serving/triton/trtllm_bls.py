@@ -2,7 +2,7 @@
 
 With ``trtspec build --backend trtllm`` the ``draft`` and ``target`` models are
 TensorRT-LLM engines served by Triton's ``tensorrtllm`` backend
-(:mod:`trtspec.build.trtllm` writes their configs). They speak that backend's
+(:mod:`trtspec.builder.trtllm` writes their configs). They speak that backend's
 interface, not ours (``protocol.LM_INPUTS``): a request carries the whole
 sequence (``input_ids``) and asks for ``request_output_len`` new tokens; the
 engine answers tokens (``output_ids``), not logits. :class:`TrtllmLanguageModel`
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from trtspec.serving.triton.bls import BLSError, BLSModel, RemoteSequence, exec_bls
-from trtspec.spec.types import Proposal, SamplingParams
+from trtspec.decoding.types import Proposal, SamplingParams
 
 GREEDY = SamplingParams()
 OUTPUTS = ["output_ids", "sequence_length"]

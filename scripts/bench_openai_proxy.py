@@ -1,0 +1,94 @@
+"""What the OpenAI-compatible endpoint costs: tokens/s and TTFT through it vs Triton gRPC directly.
+
+The demo pair on a real tritonserver, ``trtspec.serving.openai_api.OpenAIServer``
+in front of it. At each concurrency the two paths alternate for ``--rounds``
+rounds (a machine that speeds up or slows down weighs on both alike), each run
+``trtspec bench``'s closed loop (``run_bench``) with speculation ``auto``,
+greedy: gRPC sends the prompt for ``spec_decode`` to template, the OpenAI path
+sends it as one chat message that the proxy templates, so both decode the same
+tokens. Reported: medians over rounds of tokens/s and of the TTFT p50, and the
+proxy's cost (goal: <= 3% tokens/s, <= 10 ms TTFT).
+
+    nice python scripts/bench_openai_proxy.py [--requests 8] [--max-tokens 64] [--concurrency 1,4] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, run_bench
+from trtspec.builder.repo import write_model_repo
+from trtspec.runtime.demo import prepare_demo
+from trtspec.serving.launcher import TritonServer
+from trtspec.serving.openai_api.server import OpenAIServer
+
+
+def run(url: str, protocol: str, concurrency: int, requests: int, max_tokens: int) -> dict:
+    cfg = BenchConfig(url=url, protocol=protocol, prompts=builtin_prompts(), workload_split=ArmSplit.parse("auto"),
+                      output=OutputLength.parse(str(max_tokens)), concurrency=concurrency, requests=requests,
+                      timeout_s=600, probe=False)
+    a = run_bench(cfg).summary["by_arm"]["auto"]
+    if a["errors"]:
+        raise SystemExit(f"{protocol}: {a['errors']} request(s) failed: {a['errors_by_category']}")
+    return {"tokens_per_s": a["tokens_per_s"], "ttft_p50_ms": a["ttft_ms"]["p50"], "tokens": a["output_tokens"],
+            "acceptance_rate": a["acceptance_rate"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=8, help="requests per run (at least 2 x concurrency)")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--work", type=Path, default=Path("results/openai_proxy"))
+    ap.add_argument("--json-out", type=Path, default=None)
+    args = ap.parse_args()
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+
+    paths = prepare_demo(progress=say)
+    repo = write_model_repo(args.work / "model_repo", target_checkpoint=paths.target, draft_checkpoint=paths.draft,
+                            max_sessions=32, max_concurrency=8)
+    rows: list[dict] = []
+    with TritonServer(repo, log_file=args.work / "tritonserver.log") as server, \
+            OpenAIServer(server.endpoints.grpc) as proxy:
+        urls = {"grpc": server.endpoints.grpc, "openai": proxy.url}
+        say("warm-up")
+        for protocol, url in urls.items():
+            run(url, protocol, 1, 2, 8)
+        for c in [int(x) for x in args.concurrency.split(",") if x.strip()]:
+            n = max(args.requests, 2 * c)
+            for rnd in range(1, args.rounds + 1):
+                for protocol, url in urls.items():
+                    say(f"concurrency {c}, round {rnd}: {protocol}, {n} requests x {args.max_tokens} tokens")
+                    rows.append({"concurrency": c, "round": rnd, "protocol": protocol,
+                                 **run(url, protocol, c, n, args.max_tokens)})
+                    print(json.dumps(rows[-1]), flush=True)  # each run as it ends: a cut-short run keeps its rows
+
+    print(f"{'conc':>4} {'path':<7}{'tok/s (rounds)':<28}{'TTFT p50 ms (rounds)':<28}")
+    summary = []
+    for c in sorted({r["concurrency"] for r in rows}):
+        med = {}
+        for protocol in ("grpc", "openai"):
+            mine = [r for r in rows if r["concurrency"] == c and r["protocol"] == protocol]
+            tps, ttft = [r["tokens_per_s"] for r in mine], [r["ttft_p50_ms"] for r in mine]
+            med[protocol] = (statistics.median(tps), statistics.median(ttft))
+            print(f"{c:>4} {protocol:<7}{med[protocol][0]:>6.1f} ({', '.join(f'{x:.1f}' for x in tps)})"
+                  f"{'':<4}{med[protocol][1]:>6.0f} ({', '.join(f'{x:.0f}' for x in ttft)})")
+        cost = 1 - med["openai"][0] / med["grpc"][0]
+        extra_ttft = med["openai"][1] - med["grpc"][1]
+        summary.append({"concurrency": c, "tokens_per_s_cost": cost, "ttft_p50_extra_ms": extra_ttft})
+        print(f"     proxy cost at concurrency {c}: tokens/s {cost:+.1%} (goal <= 3%), "
+              f"TTFT p50 {extra_ttft:+.1f} ms (goal <= 10 ms)")
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps({"rows": rows, "summary": summary, "args": vars(args)}, indent=2,
+                                            default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""The whole build on the tiny pair: layout, contents, figures, idempotency, early failures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trtspec.builder.errors import BuildError, MemoryPlanError
+from trtspec.builder.manifest import sha256_file
+from trtspec.builder.memory import GiB
+from trtspec.builder.pipeline import STEPS, BuildResult, StepEvent, run_build
+from trtspec.builder.quantize import ProbeSettings
+from trtspec.errors import IncompatibleModelsError, TrtspecError
+from trtspec.runtime.torch.loader import load_model
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[str, int]]:
+    """Every file under ``roots``: (sha256, mtime_ns)."""
+    return {
+        str(p): (sha256_file(p), p.stat().st_mtime_ns)
+        for root in roots for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def repo_params(repo: Path, model: str) -> dict[str, str]:
+    pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    cfg = text_format.Parse((repo / model / "config.pbtxt").read_text(), pb2.ModelConfig())
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+def test_layout(tiny_build: BuildResult) -> None:
+    e = tiny_build.engine_dir
+    assert sorted(p.name for p in e.iterdir()) == ["draft", "manifest.json", "target"]
+    for sub in ("target", "draft"):
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (e / sub).iterdir()}
+    repo = tiny_build.model_repo
+    assert repo is not None
+    for model in ("spec_decode", "target", "draft"):
+        assert (repo / model / "config.pbtxt").is_file() and (repo / model / "1" / "model.py").is_file()
+    assert [s.name for s in tiny_build.steps] == list(STEPS)
+    assert all(s.status == "done" for s in tiny_build.steps) and not tiny_build.reused
+
+
+def test_model_repo_is_filled_from_the_build(tiny_build: BuildResult) -> None:
+    repo, e = tiny_build.model_repo, tiny_build.engine_dir.resolve()
+    assert repo is not None
+    draft, target, spec = (repo_params(repo, m) for m in ("draft", "target", "spec_decode"))
+    assert draft["checkpoint"] == str(e / "draft") and draft["precision"] == "int8"
+    assert target["checkpoint"] == str(e / "target") and target["precision"] == "fp32"
+    assert draft["max_sessions"] == target["max_sessions"] == str(tiny_build.memory_plan.sessions) == "4"
+    assert target["max_context"] == "256"
+    assert spec["manifest_file"] == str(e / "manifest.json")
+    assert spec["draft_length"] == "5"
+
+
+def test_int8_figures(tiny_build: BuildResult) -> None:
+    q = tiny_build.quantization
+    assert q is not None and q.precision_before == "fp32" and q.precision_after == "int8"
+    assert 0.25 < q.weight_bytes_after / q.weight_bytes_before < 0.3
+    for fig in (q.acceptance_before, q.acceptance_after):
+        assert fig is not None and fig.prompts == 2 and fig.drafted_tokens > 0
+        assert 0 <= fig.accepted_tokens <= fig.drafted_tokens
+        assert fig.iterations <= fig.emitted_tokens <= 2 * 12
+    # the figures describe the artefacts: the draft on disk holds exactly the bytes reported and planned
+    on_disk = load_model(tiny_build.engine_dir / "draft")
+    assert on_disk.precision == "int8" and on_disk.weight_bytes == q.weight_bytes_after
+    assert tiny_build.memory_plan.draft.weight_bytes == q.weight_bytes_after
+    assert tiny_build.manifest.quantization.report == q.to_dict()
+
+
+def test_memory_plan_of_a_cpu_build(tiny_build: BuildResult) -> None:
+    plan = tiny_build.memory_plan
+    assert plan.device.kind == "cpu" and plan.device.source in ("/proc/meminfo", "psutil")
+    assert plan.tokens_per_sequence == 256 + 5 and plan.sessions == 4
+    assert plan.target.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # 2 layers, 2 kv heads, head_dim 16, fp32
+    assert plan.draft.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # int8 weights run with a bf16 cache
+    assert tiny_build.manifest.memory_plan == plan.to_dict()
+
+
+def test_rebuild_is_idempotent(tiny_options, tmp_path: Path) -> None:
+    events: list[StepEvent] = []
+    first = run_build(tiny_options(tmp_path), events.append)
+    assert [e.step for e in events if e.status == "start"] == list(STEPS)
+    before = snapshot(tmp_path / "engines", tmp_path / "model_repo")
+
+    again = run_build(tiny_options(tmp_path))
+    assert again.reused
+    assert {s.name: s.status for s in again.steps}["quantize"] == "skipped"
+    assert {s.name: s.status for s in again.steps}["compile"] == "skipped"
+    assert snapshot(tmp_path / "engines", tmp_path / "model_repo") == before  # not one byte, not one mtime
+    assert again.quantization == first.quantization  # the measured figures come back from the manifest
+    assert again.manifest == first.manifest
+
+    forced = run_build(tiny_options(tmp_path, force=True))
+    assert not forced.reused
+    after = snapshot(tmp_path / "engines", tmp_path / "model_repo")
+    same_content = {p: sha for p, (sha, _) in before.items() if not p.endswith("manifest.json")}
+    assert same_content == {p: sha for p, (sha, _) in after.items() if not p.endswith("manifest.json")}
+    assert forced.manifest.created == first.manifest.created  # same inputs: same build
+
+
+def test_changed_options_or_tampered_artefacts_rebuild(tiny_options, tmp_path: Path) -> None:
+    no_probe = ProbeSettings(num_prompts=0)
+    first = run_build(tiny_options(tmp_path, probe=no_probe))
+    changed = run_build(tiny_options(tmp_path, probe=no_probe, max_draft_len=3))
+    assert not changed.reused and changed.manifest.max_draft_len == 3
+    assert changed.manifest.inputs_sha256 != first.manifest.inputs_sha256
+    # a tampered artefact is rebuilt, not trusted
+    tampered = tmp_path / "engines" / "tiny" / "target" / "generation_config.json"
+    tampered.write_text("{}")
+    healed = run_build(tiny_options(tmp_path, probe=no_probe, max_draft_len=3))
+    assert not healed.reused and json.loads(tampered.read_text()) != {}
+
+
+def test_draft_without_quantization(tiny_options, tiny_draft: Path, tmp_path: Path) -> None:
+    r = run_build(tiny_options(tmp_path, draft_quant="none"))
+    assert r.quantization is None and r.manifest.quantization.draft == {"method": "none"}
+    assert {s.name: s.status for s in r.steps}["quantize"] == "skipped"
+    assert r.manifest.models["draft"].precision == "fp32"
+    assert sha256_file(r.engine_dir / "draft" / "model.safetensors") == sha256_file(tiny_draft / "model.safetensors")
+    assert load_model(r.engine_dir / "draft").precision == "fp32"
+
+
+def test_incompatible_pair_is_refused_before_anything_is_written(
+    tiny_options, tiny_draft: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "wider"
+    shutil.copytree(tiny_draft, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["vocab_size"] = 400
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match="vocabulary size mismatch"):
+        run_build(tiny_options(tmp_path, draft=other))
+    assert not (tmp_path / "engines").exists() and not (tmp_path / "model_repo").exists()
+
+
+def test_models_that_do_not_fit_fail_before_any_work(tiny_options, tmp_path: Path) -> None:
+    events: list[StepEvent] = []
+    with pytest.raises(MemoryPlanError, match=r"do not fit in cpu \(size given\) \(1.00 GiB\)"):
+        run_build(tiny_options(tmp_path, device_memory_bytes=1 * GiB), events.append)
+    assert {e.step for e in events} == {"check"}  # failed while checking: nothing quantized, nothing written
+    assert not (tmp_path / "engines").exists()
+
+
+def test_policy_file_is_checked(tiny_options, tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="policy file not found"):
+        run_build(tiny_options(tmp_path, policy_file=tmp_path / "missing.yaml"))
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("breaker:\n  no_such_key: 1\n")
+    with pytest.raises(TrtspecError, match="no_such_key"):
+        run_build(tiny_options(tmp_path, policy_file=bad))
+    assert not (tmp_path / "engines").exists()
+
+
+def test_bad_options_are_refused(tiny_options, tmp_path: Path) -> None:
+    for overrides, message in (
+        (dict(max_draft_len=0), "max-draft-len"),
+        (dict(name="../escape"), "--name"),
+        (dict(max_sessions=0), "max-sessions"),
+        (dict(max_context=1), "max-context"),
+    ):
+        with pytest.raises(BuildError, match=message):
+            run_build(tiny_options(tmp_path, **overrides))

@@ -1,0 +1,116 @@
+"""``trtspec serve`` drains on SIGTERM (a real process and tritonserver, tiny long-context target).
+
+One server for the whole story: a request streaming when the signal comes gets its full answer;
+one sent after it is refused with one line (over gRPC and through the OpenAI endpoint, whose
+``/health`` turns 503 with the status endpoint's ``/ready``); one that cannot finish within ``--grace-period``
+ends with a one-line error and is counted; the command exits 0 within the grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from reliability_helpers import LONG_PROMPT, long_context_pair
+
+from trtspec.builder.repo import write_model_repo
+from trtspec.serving.client import ClientError, GenerateParams, generate_grpc
+from trtspec.serving.launcher import ServerError, find_tritonserver
+
+SERVE = "import typer; from trtspec.cli.serve import serve; typer.run(serve)"
+GRACE_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drain")
+    target, _ = long_context_pair(root / "models")
+    return write_model_repo(root / "repo", target_checkpoint=target, max_tokens_limit=1000)
+
+
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(repo, tmp_path):
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    args = [sys.executable, "-c", SERVE, "--model-repo", str(repo), "--host", "127.0.0.1", "--http-port", "0",
+            "--grpc-port", "0", "--metrics-port", "0", "--status-port", "0", "--log-file", str(tmp_path / "server.log"),
+            "--grace-period", str(GRACE_S), "--openai-port", "0", "--json"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # the JSON object, printed once the server is ready
+            lines.append(line)
+            if line.startswith("}"):
+                break
+        assert lines, f"trtspec serve did not start: {proc.stderr.read()}"
+        info = json.loads("".join(lines))
+        grpc = info["endpoints"]["grpc"]
+        ready_url = info["endpoints"]["status"].replace("/status", "/ready")
+        assert urllib.request.urlopen(ready_url, timeout=60).status == 200
+        results: dict[str, object] = {}
+        streaming = {name: threading.Event() for name in ("full", "stuck")}
+
+        def send(name: str, prompt: str, n: int) -> None:
+            try:
+                results[name] = generate_grpc(grpc, prompt, GenerateParams(max_tokens=n, speculation="off"),
+                                              on_text=lambda _: streaming[name].set(), timeout_s=120)
+            except ClientError as e:
+                results[name] = e
+            results[f"{name}_at"] = time.monotonic()
+
+        threads = [threading.Thread(target=send, args=("stuck", LONG_PROMPT, 700)),
+                   threading.Thread(target=send, args=("full", "Hello world", 60))]
+        threads[0].start()
+        assert streaming["stuck"].wait(60)
+        threads[1].start()
+        assert streaming["full"].wait(60)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as not_ready:  # readiness false at once
+            urllib.request.urlopen(ready_url, timeout=30)
+        assert not_ready.value.code == 503
+        with pytest.raises(ClientError) as refused:
+            generate_grpc(grpc, "Hello", GenerateParams(max_tokens=4), timeout_s=30)
+        assert refused.value.message == "the server is shutting down"
+        openai = info["endpoints"]["openai"].removesuffix("/v1")
+        with pytest.raises(urllib.error.HTTPError) as proxy_health:  # the OpenAI endpoint drains too
+            urllib.request.urlopen(f"{openai}/health", timeout=30)
+        assert proxy_health.value.code == 503
+        body = json.dumps({"model": "spec_decode", "prompt": "Hello", "max_tokens": 4}).encode()
+        with pytest.raises(urllib.error.HTTPError) as proxy_refused:
+            urllib.request.urlopen(urllib.request.Request(f"{openai}/v1/completions", data=body,
+                                                          headers={"Content-Type": "application/json"}), timeout=30)
+        assert proxy_refused.value.code == 503
+        assert json.loads(proxy_refused.value.read())["error"]["message"] == "the server is shutting down"
+        for t in threads:
+            t.join(60)
+        code = proc.wait(timeout=GRACE_S + 30)
+        stopped_s = time.monotonic() - signalled
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == 0, stderr
+    full = results["full"]
+    assert not isinstance(full, Exception), full
+    assert full.num_output_tokens == 60 or full.finish_reason == "stop"  # the whole answer
+    assert results["full_at"] > signalled  # it was in flight when the signal came
+    stuck = results["stuck"]
+    assert isinstance(stuck, ClientError), (f"the long request should not fit in the grace period: it ended "
+                                            f"{results['stuck_at'] - signalled:.1f}s after the signal; {stderr}")
+    assert "\n" not in stuck.message and f"grace period of {GRACE_S:g}s over" in stuck.message
+    assert results["stuck_at"] - signalled >= GRACE_S - 0.5
+    assert stopped_s < GRACE_S + 20
+    # 2 or 3 refused: ours (gRPC, OpenAI) and maybe /ready's own probe, when it raced the signal handler
+    assert re.search(r"drained in [\d.]+s: 2 request\(s\) were in flight, 1 ended at the grace period, "
+                     r"[23] refused while draining", stderr), stderr

@@ -1,0 +1,246 @@
+"""The OpenAI-compatible endpoint end to end: a real tritonserver on the tiny pair (its tokenizer
+given a ChatML chat template), the proxy in front of it, the official ``openai`` SDK as the client."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from trtspec.builder.repo import write_model_repo
+from trtspec.serving import statusfile
+from trtspec.serving.client import GenerateParams, generate_http
+from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
+from trtspec.serving.openai_api.server import OpenAIServer
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PROMPT = "The quick brown fox"
+MAX_TOKENS_LIMIT = 200
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, tiny_draft: Path,
+           static_policy: Path) -> Iterator[tuple[TritonServer, OpenAIServer]]:
+    """tritonserver on the tiny pair with a chat template (spec_decode applies it: the default), and the proxy."""
+    from transformers import AutoTokenizer
+
+    try:
+        install = find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    root = tmp_path_factory.mktemp("openai")
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    tok.chat_template = CHATML
+    tok.save_pretrained(str(root / "tokenizer"))
+    repo = write_model_repo(root / "model_repo", target_checkpoint=tiny_target, draft_checkpoint=tiny_draft,
+                            tokenizer_dir=root / "tokenizer", max_tokens_limit=MAX_TOKENS_LIMIT, max_concurrency=8,
+                            policy_file=static_policy)
+    with TritonServer(repo, log_file=root / "tritonserver.log", install=install) as triton:
+        proxy = OpenAIServer(triton.endpoints.grpc).start()
+        try:
+            yield triton, proxy
+        finally:
+            proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served[1].url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def triton_generate(triton: TritonServer, prompt: str, max_tokens: int, templated: bool) -> str:
+    params = GenerateParams(max_tokens=max_tokens, temperature=0.0, apply_chat_template=templated)
+    return generate_http(triton.endpoints.http, prompt, params).text
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list()] == ["spec_decode"]
+
+
+def test_chat_greedy_equals_tritons_generate_with_the_template_applied_once(served, client):
+    r = client.chat.completions.create(model="spec_decode", messages=[{"role": "user", "content": PROMPT}],
+                                       max_tokens=24, temperature=0)
+    # spec_decode templates text_input itself (apply_chat_template is on): the same prompt, templated once
+    expected = triton_generate(served[0], PROMPT, 24, templated=True)
+    assert r.choices[0].message.content == expected and expected
+    assert r.choices[0].message.role == "assistant" and r.object == "chat.completion"
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert r.usage.completion_tokens <= 24 and r.usage.prompt_tokens > len(PROMPT.split())  # the template's tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    ext = r.model_extra["trtspec"]  # the request's acceptance figures (extension)
+    assert ext["num_draft_tokens"] > 0 and 0 <= ext["num_accepted_tokens"] <= ext["num_draft_tokens"]
+    assert ext["acceptance_rate"] == pytest.approx(ext["num_accepted_tokens"] / ext["num_draft_tokens"])
+
+
+def test_chat_streaming_with_usage_in_the_last_chunk(served, client):
+    stream = client.chat.completions.create(
+        model="spec_decode", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}],
+        max_completion_tokens=30, temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat.completions.create(
+        model="spec_decode", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}],
+        max_completion_tokens=30, temperature=0)
+    assert text == whole.choices[0].message.content and len([c for c in chunks if c.choices]) > 2
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_streamed_and_not_equal_tritons_generate_untemplated(served, client):
+    expected = triton_generate(served[0], PROMPT, 20, templated=False)
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=20, temperature=0)
+    assert r.choices[0].text == expected and r.object == "text_completion"
+    pieces = [c.choices[0].text for c in client.completions.create(
+        model="spec_decode", prompt=PROMPT, max_tokens=20, temperature=0, stream=True)]
+    assert "".join(pieces) == expected and len(pieces) > 2
+
+
+def test_stream_ends_with_done_over_raw_http(served):
+    body = json.dumps({"model": "spec_decode", "prompt": PROMPT, "max_tokens": 8, "stream": True}).encode()
+    req = urllib.request.Request(f"{served[1].url}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        events = [line for line in resp.read().decode().splitlines() if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and resp.headers["Content-Type"].startswith("text/event-stream")
+
+
+def test_seeded_sampling_repeats_and_speculation_can_be_switched_off(client):
+    def sample(**extra):
+        return client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=16, temperature=1.0,
+                                         top_p=0.9, seed=7, **extra)
+
+    a, b = sample(), sample()
+    assert a.choices[0].text == b.choices[0].text
+    off = sample(extra_body={"speculation": "off"})
+    assert off.model_extra["trtspec"]["num_draft_tokens"] == 0 and off.model_extra["trtspec"]["acceptance_rate"] is None
+
+
+def test_stop_string_ends_the_text(client):
+    full = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=30, temperature=0).choices[0].text
+    stop = full[len(full) // 2:][:3]  # a piece of what the model says without it
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=30, temperature=0, stop=stop)
+    assert len(stop) == 3 and stop not in r.choices[0].text and full.startswith(r.choices[0].text)
+    assert r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("kwargs", "status", "says"), [
+    (dict(n=2), 400, "n 2"),
+    (dict(max_tokens=MAX_TOKENS_LIMIT + 1), 400, "max_tokens must be <= 200"),  # spec_decode's own check
+    (dict(temperature=5), 400, "temperature"),
+    (dict(model="gpt-4o"), 404, "'gpt-4o' does not exist"),
+    (dict(extra_body={"speculation": "maybe"}), 400, "speculation"),
+    (dict(presence_penalty=0.5), 400, "presence_penalty"),
+])
+def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
+    args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(**args)
+    assert info.value.status_code == status and says in info.value.message
+    assert info.value.body["type"] == "invalid_request_error"  # the SDK hands over the "error" object
+    # and the server goes on serving
+    assert client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=2, temperature=0).choices
+
+
+def test_a_prompt_too_long_is_a_400_even_when_streaming(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        list(client.completions.create(model="spec_decode", prompt="word " * 400, max_tokens=4, stream=True))
+    assert "context window" in info.value.message
+
+
+def _sessions(triton: TritonServer) -> tuple:
+    assert triton.status_dir is not None
+    read = lambda name: statusfile.read_status(triton.status_dir / f"{name}.json") or {}  # noqa: E731
+    return (read("draft").get("sessions"), read("target").get("sessions"),
+            read("spec_decode").get("requests", {}).get("in_flight"))
+
+
+def _wait_idle(triton: TritonServer, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _sessions(triton) != (0, 0, 0):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)  # polling the status files the models write
+    return True
+
+
+def _triton_cancelled(triton: TritonServer) -> float:
+    text = urllib.request.urlopen(triton.endpoints.metrics_url, timeout=10).read().decode()
+    lines = [x for x in text.splitlines() if x.startswith("trtspec_requests_total{") and 'outcome="cancelled"' in x]
+    return sum(float(x.rsplit(" ", 1)[1]) for x in lines)
+
+
+def test_a_disconnect_mid_stream_cancels_the_request_and_frees_its_session(served, client):
+    triton, proxy = served
+    assert _wait_idle(triton, 30)
+    cancelled_before = _triton_cancelled(triton)
+    stream = client.chat.completions.create(model="spec_decode", messages=[{"role": "user", "content": PROMPT}],
+                                            max_tokens=MAX_TOKENS_LIMIT, temperature=0, stream=True,
+                                            extra_body={"speculation": "on"})
+    first = next(iter(stream))
+    assert first.choices[0].delta.role == "assistant"
+    stream.close()  # hang up mid-stream
+    # and a client that hangs up while waiting for a whole (not streamed) answer
+    body = json.dumps({"model": "spec_decode", "prompt": PROMPT, "max_tokens": MAX_TOKENS_LIMIT, "temperature": 0})
+    assert _wait_idle(triton, 30)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        deadline = time.monotonic() + 10
+        while _sessions(triton)[2] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling until spec_decode reports the request in flight (status file, every 1 s)
+    assert _wait_idle(triton, 30), f"sessions left after the disconnects: {_sessions(triton)}"
+    assert proxy.in_flight == 0
+    assert _triton_cancelled(triton) == cancelled_before + 2  # spec_decode saw both requests cancelled
+    metrics = urllib.request.urlopen(f"{proxy.url}/metrics", timeout=10).read().decode()
+    assert 'trtspec_openai_requests_total{endpoint="/v1/chat/completions",outcome="cancelled"} 1.0' in metrics
+    assert 'trtspec_openai_requests_total{endpoint="/v1/completions",outcome="cancelled"} 1.0' in metrics
+
+
+def test_stop_lets_the_requests_in_flight_finish(served):
+    triton = served[0]
+    proxy = OpenAIServer(triton.endpoints.grpc).start()  # one of its own: this test stops it
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    stream = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=40, temperature=0, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)
+    stopper = threading.Thread(target=proxy.stop, kwargs={"grace_s": 60})
+    stopper.start()
+    rest = [c.choices[0].text for c in chunks]
+    stopper.join(30)
+    assert not stopper.is_alive()
+    assert first.choices[0].text + "".join(rest) == triton_generate(triton, PROMPT, 40, templated=False)
+    with pytest.raises(openai.APIConnectionError):  # no longer accepting
+        client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=2)
+
+
+def test_health_and_metrics(served):
+    proxy = served[1]
+    with urllib.request.urlopen(f"{proxy.url}/health", timeout=10) as r:
+        assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+    text = urllib.request.urlopen(f"{proxy.url}/metrics", timeout=10).read().decode()
+    assert 'trtspec_openai_requests_total{endpoint="/v1/completions",outcome="ok"}' in text
+    assert "trtspec_openai_time_to_first_token_seconds_bucket" in text
+
+
+def test_bench_drives_the_openai_endpoint(served):
+    from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, run_bench
+
+    cfg = BenchConfig(url=served[1].url, protocol="openai", prompts=builtin_prompts(),
+                      workload_split=ArmSplit.parse("auto,off"), output=OutputLength.parse("8"), concurrency=2,
+                      requests=6, timeout_s=60.0, probe=False)
+    result = run_bench(cfg)
+    assert result.config["protocol"] == "openai" and len(result.records) == 6
+    for r in result.records:
+        assert r.answered, r.error
+        assert r.output_tokens == 8 and r.input_tokens > 0 and r.ttft_s is not None and r.ttft_s <= r.e2e_s
+        assert (r.drafted > 0) == (r.arm == "auto")  # the arm reached spec_decode as `speculation`

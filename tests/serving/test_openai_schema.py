@@ -1,0 +1,146 @@
+"""The OpenAI endpoint without a server: request bodies -> spec_decode inputs, response bodies, error codes,
+and the chat template rendered once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trtspec.runtime.tokenizer import Tokenizer
+from trtspec.serving.client import ClientError, ClientResult, error_code
+from trtspec.serving.openai_api.render import Renderer
+from trtspec.serving.openai_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIError
+from trtspec.serving.service import CLIENT_CANCELLED, SHUTTING_DOWN
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **fields)
+
+
+def test_openai_defaults_become_spec_decode_inputs():
+    p = chat().params(None, 300, apply_chat_template=False)
+    # OpenAI samples at temperature 1 unless told; chat without max_tokens gets the server's limit
+    assert p.fields() == {"max_tokens": 300, "temperature": 1.0, "top_p": 1.0, "apply_chat_template": False}
+    c = CompletionRequest(model="m", prompt=["one prompt"], stop="END", seed=3, temperature=0,
+                          speculation="off", top_k=5)
+    c.refuse_unsupported()
+    assert c.requested_max_tokens == 16 and c.text() == "one prompt"  # OpenAI's completions default
+    assert c.params(c.requested_max_tokens, 300, apply_chat_template=False).fields() == {
+        "max_tokens": 16, "temperature": 0.0, "top_k": 5, "top_p": 1.0, "seed": 3, "speculation": "off",
+        "stop_words": ["END"], "apply_chat_template": False}
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert chat(max_tokens=10, max_completion_tokens=20).requested_max_tokens == 20
+    assert chat(max_tokens=10).requested_max_tokens == 10
+
+
+@pytest.mark.parametrize(("request_", "param"), [
+    (lambda: chat(n=3), "n"),
+    (lambda: chat(logprobs=True), "logprobs"),
+    (lambda: chat(frequency_penalty=1.0), "frequency_penalty"),
+    (lambda: chat(tools=[{"type": "function"}]), "tools"),
+    (lambda: chat(response_format={"type": "json_object"}), "response_format"),
+    (lambda: chat(stream_options={"include_usage": True}), "stream_options"),  # without stream
+    (lambda: CompletionRequest(model="m", prompt=["a", "b"]), "prompt"),
+    (lambda: CompletionRequest(model="m", prompt="a", echo=True), "echo"),
+    (lambda: CompletionRequest(model="m", prompt="a", best_of=2), "best_of"),
+])
+def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
+    with pytest.raises(OpenAIError) as info:
+        request_().refuse_unsupported()
+    assert info.value.status == 400 and info.value.param == param and "\n" not in info.value.message
+
+
+def test_neutral_values_of_unsupported_fields_pass():
+    chat(n=1, logprobs=False, presence_penalty=0.0, response_format={"type": "text"}).refuse_unsupported()
+
+
+def test_image_content_is_refused_and_text_parts_are_joined():
+    parts = ChatCompletionRequest(model="m", messages=[
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert parts.chat() == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    image = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "image_url"}]}])
+    with pytest.raises(OpenAIError, match="'image_url' is not supported"):
+        image.chat()
+
+
+def result(**kw) -> ClientResult:
+    base = dict(text="hello", finish_reason="context", num_input_tokens=7, num_output_tokens=3,
+                num_draft_tokens=4, num_accepted_tokens=2, acceptance_rate=0.5)
+    return ClientResult(**{**base, **kw})
+
+
+def test_bodies_carry_usage_finish_reason_and_the_acceptance_figures():
+    body = Renderer("chat", "m", id="x").body(result())
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["choices"][0]["finish_reason"] == "length"  # the context window filled up
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert body["trtspec"] == {"num_draft_tokens": 4, "num_accepted_tokens": 2, "acceptance_rate": 0.5}
+    text = Renderer("completions", "m").body(result(finish_reason="stop"))
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "hello"
+    assert text["choices"][0]["finish_reason"] == "stop" and text["id"].startswith("cmpl-")
+
+
+def test_stream_chunks():
+    r = Renderer("chat", "m")
+    assert r.chunk(role=True)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert r.chunk("he", with_usage_field=True)["usage"] is None
+    last = r.chunk(result=result(finish_reason="length"))
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length" and "trtspec" in last
+    assert r.usage_chunk(result())["choices"] == [] and r.usage_chunk(result())["usage"]["total_tokens"] == 10
+
+
+@pytest.mark.parametrize(("message", "code"), [
+    ("max_tokens must be <= 200 (this server's limit), got 201", "INVALID_ARG"),
+    ("prompt has 900 tokens; the context window holds 256, leaving no room to generate", "INVALID_ARG"),
+    ("speculation 'on' needs a draft model; this deployment serves the target alone", "INVALID_ARG"),
+    ("server busy: 72 requests in flight; unavailable, retry later", "UNAVAILABLE"),
+    ("model 'target' did not answer within 60s", "UNAVAILABLE"),
+    ("model 'target' is unavailable (reloading: x); retry shortly", "UNAVAILABLE"),
+    (SHUTTING_DOWN, "UNAVAILABLE"),
+    ("internal error: KeyError: 'x'", "INTERNAL"),
+    (CLIENT_CANCELLED, "CANCELLED"),
+    ("[request id: r1] unexpected inference input 'foo' for model 'spec_decode'", "INVALID_ARG"),
+    ("Request for unknown model: 'x' is not found", "NOT_FOUND"),
+])
+def test_error_codes_are_read_from_spec_decodes_messages(message, code):
+    assert error_code(ClientError(message)) == code
+
+
+def test_a_code_the_transport_gave_is_kept():
+    assert error_code(ClientError("whatever", code="StatusCode.UNAVAILABLE")) == "UNAVAILABLE"
+
+
+def test_the_chat_template_is_rendered_once_and_encodes_as_the_template_does(tiny_target: Path):
+    tok = Tokenizer.from_dir(tiny_target)
+    tok.hf.chat_template = CHATML
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "The quick brown fox"}]
+    text = tok.render_chat(messages)
+    assert text.count("<|im_start|>assistant") == 1 and text.endswith("<|im_start|>assistant\n")
+    expected = tok.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert tok.encode_prompt(text, raw=True) == list(expected)
+    # a template that writes the BOS itself, with a tokenizer that adds one: the prompt starts with one BOS
+    tok.hf.chat_template = "{{ bos_token }}" + CHATML
+    tok.hf._tokenizer.post_processor = _bos_adder(tok)
+    ids = tok.encode_prompt(tok.render_chat(messages), raw=True)
+    assert ids[0] == tok.hf.bos_token_id and ids[1] != tok.hf.bos_token_id
+
+
+def _bos_adder(tok: Tokenizer):
+    from tokenizers.processors import TemplateProcessing
+
+    return TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.hf.bos_token_id)])
+
+
+def test_without_a_chat_template_render_chat_refuses(tiny_target: Path):
+    from trtspec.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="no chat template"):
+        Tokenizer.from_dir(tiny_target).render_chat([{"role": "user", "content": "x"}])

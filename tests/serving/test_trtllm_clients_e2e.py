@@ -1,0 +1,139 @@
+"""TensorRT-LLM's clients against spec_decode on a real tritonserver (the shared ``triton``).
+
+The requests are built the way TensorRT-LLM's own client scripts build them
+(``end_to_end_grpc_client.py``'s ``prepare_inputs``: every input a ``[1, 1]``
+numpy array of TensorRT-LLM's data type, ``np_to_triton_dtype`` for the wire
+type), with and without the optional inputs, streamed and not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtspec.serving.client import ClientError, stream_infer
+
+PROMPT = "The quick brown fox"
+
+
+def prepare_inputs(**values) -> list:
+    """``tritonclient.grpc.InferInput``s as TensorRT-LLM's scripts make them: ``[[value]]`` (lists: ``[values]``)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    dtypes = {"text_input": object, "max_tokens": np.int32, "stream": bool, "beam_width": np.int32,
+              "temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "end_id": np.int32,
+              "pad_id": np.int32, "length_penalty": np.float32, "repetition_penalty": np.float32,
+              "presence_penalty": np.float32, "frequency_penalty": np.float32, "min_tokens": np.int32,
+              "seed": np.uint64, "random_seed": np.uint64, "return_log_probs": bool, "return_context_logits": bool,
+              "return_generation_logits": bool, "return_perf_metrics": bool, "return_num_input_tokens": bool,
+              "return_num_output_tokens": bool, "num_draft_tokens": np.int32, "use_draft_logits": bool,
+              "num_return_sequences": np.int32, "exclude_input_in_output": bool, "bad_words": object,
+              "stop_words": object, "lora_task_id": np.uint64, "image_url_input": object}
+    inputs = []
+    for name, value in values.items():
+        arr = np.array([value] if isinstance(value, list) else [[value]], dtype=dtypes[name])
+        if arr.dtype == object:
+            arr = np.vectorize(lambda s: s.encode("utf-8"), otypes=[object])(arr)
+        inp = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    return inputs
+
+
+def send(triton, **values):
+    """One request; (the text of every response joined, the final response's outputs, every response)."""
+    responses, _ = stream_infer(triton.endpoints.grpc, "spec_decode", prepare_inputs(**values), timeout_s=120)
+    text = "".join(r.outputs["text_output"].reshape(-1)[0].decode() for r in responses)
+    return text, responses[-1].outputs, responses
+
+
+def scalar(outputs: dict, name: str):
+    value = outputs[name].reshape(-1)[0]
+    return value if isinstance(value, bytes) else value.item()
+
+
+def test_the_minimal_request_with_exclude_input_in_output(triton, reference):
+    text, final, _ = send(triton, text_input=PROMPT, max_tokens=20, stream=False, beam_width=1, temperature=0.0,
+                          exclude_input_in_output=True)
+    ref = reference(PROMPT, 20)
+    assert text == ref.text
+    assert scalar(final, "total_draft_tokens") == scalar(final, "num_draft_tokens") > 0
+    assert scalar(final, "total_accepted_draft_tokens") == scalar(final, "num_accepted_tokens")
+    assert scalar(final, "acceptance_rate") == pytest.approx(
+        scalar(final, "total_accepted_draft_tokens") / scalar(final, "total_draft_tokens"))
+    assert scalar(final, "batch_index") == 0 and scalar(final, "sequence_index") == 0
+    assert scalar(final, "num_output_tokens") == len(ref.token_ids)
+
+
+def test_exclude_input_in_output_false_repeats_the_prompt_as_tensorrt_llm_does(triton, reference):
+    text, _, _ = send(triton, text_input=PROMPT, max_tokens=12, stream=False, exclude_input_in_output=False)
+    assert text == PROMPT + reference(PROMPT, 12).text
+
+
+def test_streaming_with_every_optional_input_at_tensorrt_llms_neutral_values(triton, reference):
+    text, final, responses = send(
+        triton, text_input=PROMPT, max_tokens=24, stream=True, beam_width=1, temperature=1.0,
+        top_k=0, top_p=0.0,  # TensorRT-LLM: neither top-k nor top-p -> greedy
+        end_id=63, pad_id=0, length_penalty=1.0, repetition_penalty=1.0, presence_penalty=0.0,
+        frequency_penalty=0.0, min_tokens=1, seed=2**63 + 5, return_log_probs=False, return_context_logits=False,
+        return_generation_logits=False, return_perf_metrics=True, return_num_input_tokens=True,
+        return_num_output_tokens=True, num_draft_tokens=2, use_draft_logits=False, num_return_sequences=1,
+        exclude_input_in_output=True, bad_words=[""], stop_words=[""])
+    ref = reference(PROMPT, 24)
+    eos = 63  # an arbitrary token as end_id: the answer ends at it if the greedy answer emits it
+    expected = ref.token_ids[: ref.token_ids.index(eos) + 1] if eos in ref.token_ids else ref.token_ids
+    assert final["output_ids"].reshape(-1).tolist() == expected  # greedy, token for token
+    assert len(responses) > 2 and all(scalar(r.outputs, "sequence_index") == 0 for r in responses)
+    assert scalar(final, "total_draft_tokens") > 0 and text
+
+
+def test_end_id_is_the_end_of_sequence_token(triton, reference):
+    ref = reference(PROMPT, 30)
+    end_id = ref.token_ids[5]  # a token the greedy answer emits: it ends the answer there
+    _, final, _ = send(triton, text_input=PROMPT, max_tokens=30, stream=False, end_id=end_id)
+    ids = final["output_ids"].reshape(-1).tolist()
+    assert ids == ref.token_ids[: ref.token_ids.index(end_id) + 1]
+    assert scalar(final, "finish_reason").decode() == "stop"
+
+
+def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
+    text, final, _ = send(triton, text_input=PROMPT, max_tokens=16, stream=False, num_draft_tokens=0)
+    assert scalar(final, "total_draft_tokens") == 0 and text == reference(PROMPT, 16).text
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (dict(beam_width=4), "beam_width 4: trtspec decodes one beam"),
+    (dict(num_return_sequences=3), "num_return_sequences 3: trtspec returns one sequence per request"),
+    (dict(return_log_probs=True), "return_log_probs True:"),
+    (dict(repetition_penalty=1.5), "repetition_penalty 1.5:"),
+    (dict(min_tokens=8), "min_tokens 8: trtspec never holds back EOS"),
+    (dict(lora_task_id=7), "lora_task_id 7: trtspec serves no LoRA adapters"),
+    (dict(image_url_input="http://x/cat.png"), "image_url_input 'http://x/cat.png': trtspec serves text-only models"),
+])
+def test_what_trtspec_cannot_honour_is_one_invalid_arg_line_naming_the_value(triton, values, message):
+    with pytest.raises(ClientError) as info:
+        send(triton, text_input=PROMPT, max_tokens=4, stream=False, **values)
+    assert info.value.message.startswith(message) and "\n" not in info.value.message
+    assert send(triton, text_input=PROMPT, max_tokens=2, stream=False)[0]  # and the server goes on
+
+
+def test_served_under_the_name_an_existing_client_calls(tmp_path, tiny_target):
+    from trtspec.builder.repo import served_model_name, write_model_repo
+    from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
+    from trtspec.serving.status import collect_status
+
+    try:
+        install = find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    repo = write_model_repo(tmp_path / "repo", target_checkpoint=tiny_target, max_tokens_limit=50,
+                            model_name="ensemble")  # target alone: a lighter server
+    assert served_model_name(repo) == "ensemble" and not (repo / "spec_decode").exists()
+    with TritonServer(repo, log_file=tmp_path / "tritonserver.log", install=install) as triton:
+        responses, _ = stream_infer(triton.endpoints.grpc, "ensemble",
+                                    prepare_inputs(text_input=PROMPT, max_tokens=6, stream=False), timeout_s=120)
+        assert scalar(responses[-1].outputs, "num_output_tokens") == 6
+        status = collect_status(triton.endpoints.http, triton.status_dir, model="ensemble")
+        assert status["ready"] and status["models"]["ensemble"]["answers"]
+        assert triton.endpoints.to_dict("ensemble")["generate"].endswith("/v2/models/ensemble/generate")

@@ -1,0 +1,265 @@
+"""Value types of the draft-verify loop.
+
+Vocabulary (used the same way in code, metric names and docs):
+
+- **drafter**: what proposes tokens: the draft ``model``, or a free lookup in the
+  text (``ngram``, ``suffix``); ``auto`` lets the policy choose per iteration.
+- **drafted** tokens: proposed by the drafter, ``k`` per iteration.
+- **accepted** tokens: drafted tokens the target's verification kept (a prefix
+  of the draft, ``0 <= accepted <= k``).
+- **rejected** tokens: ``drafted - accepted`` (the first rejected position and
+  every draft token after it).
+- **bonus** token: the extra token sampled from the target when all ``k`` drafts
+  were accepted (the verify pass yields ``k + 1`` distributions).
+- **correction** token: the token drawn from the target (greedy: its argmax;
+  sampling: the residual distribution) at the first rejected position.
+- **emitted** tokens: tokens appended to the output. Every iteration emits
+  ``accepted + 1`` (the +1 is the bonus or correction token), fewer only when a
+  stop condition cuts the iteration short.
+- **acceptance length**: emitted tokens per iteration, bonus/correction
+  INCLUDED (so plain target decoding has acceptance length 1).
+- **acceptance rate**: ``accepted / drafted``; **rejection rate** is
+  ``1 - acceptance rate`` over the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trtspec.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    seed: int | None = None
+    # Exact mode: sampled tokens are position-keyed draws accepted by token matching
+    # (acceptance.match_draws), so a seed gives the same output with speculation on or off.
+    exact: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise InvalidRequestError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.exact, bool):
+            raise InvalidRequestError(f"exact must be true or false, got {self.exact!r}")
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """When generation ends. Nothing past a stop is ever emitted."""
+
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_token_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool):
+            raise InvalidRequestError(f"max_tokens must be an integer, got {self.max_new_tokens!r}")
+        if self.max_new_tokens <= 0:
+            raise InvalidRequestError(f"max_tokens must be > 0, got {self.max_new_tokens}")
+        if any(not s for s in self.stop_strings):
+            raise InvalidRequestError("stop strings must be non-empty")
+
+
+class DrafterKind(str, enum.Enum):
+    """What drafts for a request (see :mod:`trtspec.decoding.drafting`)."""
+
+    MODEL = "model"  # the draft model
+    NGRAM = "ngram"  # prompt lookup in the request's text: no model call
+    SUFFIX = "suffix"  # suffix decoding over the request's text and recent outputs: no model call
+    AUTO = "auto"  # per iteration, the policy chooses among a free drafter, the model and none
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request to the loop. Never mutated; derive variants with ``dataclasses.replace``."""
+
+    prompt_ids: tuple[int, ...]
+    stop: StopCriteria
+    sampling: SamplingParams = SamplingParams()
+    request_id: str = ""
+    drafter: DrafterKind = DrafterKind.MODEL
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        if len(self.prompt_ids) == 0:
+            raise InvalidRequestError("prompt is empty: at least one token is needed")
+        if vocab_size is not None:
+            bad = [t for t in self.prompt_ids if not (0 <= t < vocab_size)]
+            if bad:
+                raise InvalidRequestError(f"prompt has token ids outside [0, {vocab_size}): {bad[:5]}")
+        self.stop.validate()
+        self.sampling.validate()
+
+    @classmethod
+    def make_dummy(cls, prompt_len: int = 8, max_new_tokens: int = 8) -> GenerationRequest:
+        """A small valid request, for tests and warm-up."""
+        return cls(prompt_ids=tuple(range(1, prompt_len + 1)), stop=StopCriteria(max_new_tokens=max_new_tokens))
+
+
+class FinishReason(str, enum.Enum):
+    LENGTH = "length"  # max new tokens reached
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    CONTEXT = "context"  # the model's context window is full
+    CANCELLED = "cancelled"  # the caller cancelled
+
+
+@dataclass(frozen=True)
+class IterationOutcome:
+    """What one draft-verify iteration did; what k-policies learn from."""
+
+    k: int  # tokens drafted this iteration (0: plain target step)
+    accepted: int  # drafted tokens kept by verification
+    emitted: int  # tokens appended to the output (after stop truncation)
+    bonus: bool  # all k accepted and the bonus token was drawn
+    context_len: int  # tokens in the sequence before this iteration
+    draft_time_s: float
+    verify_time_s: float
+    # The tokens behind the outcome (for rejection traces): the k drafted tokens, and the
+    # target's token at each drafted position given the drafts before it. Greedy: its argmax
+    # at all k positions. Sampling: the accepted drafts, then the correction token at the
+    # first rejected position (accepted + 1 tokens; all k drafts when all were accepted).
+    drafted: tuple[int, ...] = ()
+    target_tokens: tuple[int, ...] = ()
+    # The draft raised this iteration; the request goes on with the target alone
+    # (k is then 0 here and in every later iteration of the request).
+    draft_failed: bool = False
+    drafter: str = ""  # the drafter's name ("" when none drafted: k == 0 by choice)
+
+
+@dataclass
+class SpecStats:
+    """Per-request counters. See the module docstring for the vocabulary."""
+
+    iterations: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    bonus_tokens: int = 0
+    emitted_tokens: int = 0
+    prompt_tokens: int = 0
+    draft_errors: int = 0  # draft calls that failed; the request went on without the draft
+    # accepted_per_position[i]: iterations whose draft token i (0-based) was
+    # accepted. Position i can only be accepted if positions < i were.
+    accepted_per_position: list[int] = field(default_factory=list)
+    # drafted_per_position[i]: iterations that drafted at least i + 1 tokens.
+    drafted_per_position: list[int] = field(default_factory=list)
+    # Per drafter name: tokens it drafted and tokens of those accepted.
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    time_to_first_token_s: float | None = None
+    total_time_s: float = 0.0
+
+    def observe(self, o: IterationOutcome) -> None:
+        self.iterations += 1
+        self.drafted_tokens += o.k
+        self.accepted_tokens += o.accepted
+        self.bonus_tokens += int(o.bonus)
+        self.emitted_tokens += o.emitted
+        self.draft_time_s += o.draft_time_s
+        self.verify_time_s += o.verify_time_s
+        if o.k:
+            self.drafted_by[o.drafter] = self.drafted_by.get(o.drafter, 0) + o.k
+            self.accepted_by[o.drafter] = self.accepted_by.get(o.drafter, 0) + o.accepted
+        if o.k > len(self.drafted_per_position):
+            grow = o.k - len(self.drafted_per_position)
+            self.drafted_per_position.extend([0] * grow)
+            self.accepted_per_position.extend([0] * grow)
+        for i in range(o.k):
+            self.drafted_per_position[i] += 1
+        for i in range(o.accepted):
+            self.accepted_per_position[i] += 1
+
+    def merge(self, other: SpecStats) -> None:
+        """Add ``other``'s counts and times into this one (aggregate over requests)."""
+        for f in ("iterations", "drafted_tokens", "accepted_tokens", "bonus_tokens", "emitted_tokens",
+                  "prompt_tokens", "draft_errors", "draft_time_s", "verify_time_s", "total_time_s"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
+                             (self.drafted_per_position, other.drafted_per_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
+        for mine_by, theirs_by in ((self.drafted_by, other.drafted_by), (self.accepted_by, other.accepted_by)):
+            for name, n in theirs_by.items():
+                mine_by[name] = mine_by.get(name, 0) + n
+
+    @property
+    def rejected_tokens(self) -> int:
+        return self.drafted_tokens - self.accepted_tokens
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None when nothing was drafted."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Emitted tokens per iteration (bonus/correction token included)."""
+        return self.emitted_tokens / self.iterations if self.iterations else None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["rejected_tokens"] = self.rejected_tokens
+        d["acceptance_rate"] = self.acceptance_rate
+        d["mean_acceptance_length"] = self.mean_acceptance_length
+        return d
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What the draft proposed in one iteration."""
+
+    tokens: tuple[int, ...]  # [k] x_1..x_k
+    q: torch.Tensor | None  # [k, vocab] the warped draft distributions (sampling); None when greedy
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """New output produced by one iteration (may be empty text while a stop string is pending)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # new tokens only, the stopping token included
+    text: str  # decoded new tokens, stop string and special tokens excluded
+    finish_reason: FinishReason
+    stats: SpecStats
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason.value,
+            "stats": self.stats.to_dict(),
+        }
+
+
+def as_token_tuple(ids: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(t) for t in ids)

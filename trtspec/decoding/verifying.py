@@ -1,0 +1,77 @@
+"""Verifying a proposal with a target :class:`~trtspec.decoding.protocols.LMSession`.
+
+:func:`verify` mirrors :func:`trtspec.decoding.drafting.propose`: one call,
+dispatched on what the target session can do, in ONE target pass:
+
+- a :class:`~trtspec.decoding.protocols.DraftVerifier` decides acceptance itself;
+- greedy: the target's argmax at the ``k + 1`` positions (from an
+  :class:`~trtspec.decoding.protocols.ArgmaxForward` session without logits);
+- sampling: the target's logits, then rejection sampling against ``q``, or in
+  exact mode token matching against position-keyed draws (``match_draws``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trtspec.decoding.acceptance import greedy_accept, match_draws, rejection_sample, warp_probs
+from trtspec.decoding.protocols import ArgmaxForward, DraftVerifier, LMSession
+from trtspec.decoding.types import Proposal, SamplingParams
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target made of a proposal of ``k`` tokens."""
+
+    accepted: int  # drafted tokens kept, a prefix of the proposal
+    next_token: int  # the correction token (accepted < k) or the bonus token
+    bonus: bool  # all k drafts accepted (k > 0) and the bonus token drawn
+    # The target's token at each drafted position given the drafts before it, for
+    # rejection traces: greedy, its argmax at all k positions; otherwise the accepted
+    # drafts and then the correction token (what a sampler or an engine tells).
+    target_tokens: tuple[int, ...]
+
+
+def verify(
+    session: LMSession,
+    token_ids: Sequence[int],
+    proposal: Proposal,
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide.
+
+    Afterwards the cache holds ``token_ids`` and the drafts, or (a
+    ``DraftVerifier``) only the accepted ones; the caller truncates.
+    """
+    drafted = list(proposal.tokens)
+    k = len(drafted)
+    if isinstance(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
+        seed = None if sampling.greedy else int(torch.randint(0, 2**62, (1,), generator=generator))
+        n_acc, nxt = session.verify(token_ids, drafted, sampling, seed)
+        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
+    fresh = list(token_ids) + drafted
+    if sampling.greedy:
+        choice = _argmax(session, fresh, k + 1)  # [k+1]
+        n_acc, nxt = greedy_accept(drafted, choice)
+        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]))
+    start = session.num_cached + len(token_ids)  # sequence position of the first token drawn
+    p = warp_probs(session.forward(fresh, k + 1), sampling)  # [k+1, vocab]
+    if sampling.exact:  # position-keyed draws, token matching: the same output with speculation off
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,), generator=generator))
+        n_acc, nxt = match_draws(drafted, p, seed, start)
+        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
+    q = proposal.q if proposal.q is not None else p.new_zeros((0, p.shape[1]))  # [k, vocab]
+    x = torch.tensor(drafted, dtype=torch.int64)  # [k]
+    n_acc, nxt, bonus = rejection_sample(x, q, p, generator)
+    return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
+
+
+def _argmax(session: LMSession, token_ids: list[int], num_logits: int) -> list[int]:
+    """The target's argmax tokens; only those travel when the session can answer them alone."""
+    if isinstance(session, ArgmaxForward):
+        return session.forward_argmax(token_ids, num_logits)
+    return session.forward(token_ids, num_logits).argmax(dim=-1).tolist()

@@ -1,0 +1,226 @@
+"""The FastAPI application of the OpenAI-compatible endpoint.
+
+Each request becomes one ``spec_decode`` request over a gRPC stream (one
+``tritonclient.grpc.aio`` client per app; its channel carries every stream).
+Chat messages go through the pair's chat template here, once, and are sent
+with ``apply_chat_template: false``; a completions prompt is sent as is, also
+untemplated. A client that hangs up cancels its Triton request (the gRPC call
+is cancelled, ``spec_decode`` stops the loop and frees the sessions).
+
+Errors are OpenAI's error JSON: 400 for a bad request (ours or
+``spec_decode``'s INVALID_ARG), 404 for an unknown model, 503 when Triton or
+a model is unavailable, 500 otherwise. A stream whose first response is an
+error answers with that status; an error after text was streamed arrives as a
+last ``data: {"error": ...}`` event before ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from trtspec.errors import InvalidRequestError
+from trtspec.runtime.tokenizer import Tokenizer
+from trtspec.serving.drain import read_drain
+from trtspec.serving.client import ClientError, ClientResult, StreamEvent, error_code, generate_aio
+from trtspec.serving.openai_api.metrics import ProxyMetrics
+from trtspec.serving.openai_api.render import Renderer, sse
+from trtspec.serving.openai_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIError
+
+T = TypeVar("T")
+_STATUS_BY_CODE = {"INVALID_ARG": 400, "NOT_FOUND": 404, "CANCELLED": 499, "UNAVAILABLE": 503}
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """What the app forwards to and what it knows of the model."""
+
+    triton_grpc: str  # HOST:PORT of Triton's gRPC endpoint
+    model: str  # the Triton model (spec_decode)
+    served_name: str  # the model id clients name (GET /v1/models)
+    max_tokens_limit: int  # spec_decode's; a chat request without max_tokens gets this many
+    tokenizer: Tokenizer | None  # the pair's, for the chat template (None: chat refused)
+    status_dir: Path | None = None  # trtspec serve's status directory: /health is 503 while the server drains
+
+
+class _ClientGone(Exception):
+    """The HTTP client hung up before its answer was ready."""
+
+
+def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> FastAPI:
+    """The app; ``metrics`` (a fresh :class:`ProxyMetrics` by default) is served on ``/metrics``."""
+    import tritonclient.grpc.aio as grpc_aio
+
+    metrics = metrics or ProxyMetrics()
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state["triton"] = grpc_aio.InferenceServerClient(settings.triton_grpc)  # bound to this event loop
+        try:
+            yield
+        finally:
+            await state["triton"].close()
+
+    app = FastAPI(title="trtspec OpenAI-compatible endpoint", lifespan=lifespan)
+    app.state.metrics = metrics
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_request: Request, e: OpenAIError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_request: Request, e: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_validation_error(e).body(), status_code=400)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if read_drain(settings.status_dir) is not None:  # shutting down: route nothing new here
+            return JSONResponse({"status": "draining", "model": settings.model}, status_code=503)
+        try:
+            ready = await state["triton"].is_model_ready(settings.model)
+        except Exception:  # Triton unreachable is "not healthy", whatever the exception
+            ready = False
+        return JSONResponse({"status": "ok" if ready else "unavailable", "model": settings.model},
+                            status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": settings.served_name, "object": "model", "created": 0,
+                                            "owned_by": "trtspec"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _answer(request, body, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _answer(request, body, "completions")
+
+    async def _answer(request: Request, body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
+        t0 = time.perf_counter()
+        endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        renderer = Renderer(kind, settings.served_name)
+        metrics.in_flight.inc()
+        try:
+            events = _start(body, renderer.id)
+            if body.stream:  # the first response first: an error before any text gets its own status
+                first = await _unless_disconnected(request, anext(events))
+                stream = _stream(renderer, first, events, body.include_usage, endpoint, t0)
+                return StreamingResponse(stream, media_type="text/event-stream")  # the stream counts from here
+            result = await _unless_disconnected(request, _collect(events))
+            status, ttft, response = 200, result.ttft_s, JSONResponse(renderer.body(result))
+        except (OpenAIError, ClientError, _ClientGone) as e:
+            error = _as_openai_error(e)
+            status, ttft, response = error.status, None, JSONResponse(error.body(), status_code=error.status)
+        except BaseException:
+            metrics.in_flight.dec()
+            raise
+        metrics.finished(endpoint, status, time.perf_counter() - t0, ttft)
+        metrics.in_flight.dec()
+        return response
+
+    def _start(body: ChatCompletionRequest | CompletionRequest, request_id: str) -> AsyncIterator[StreamEvent]:
+        if body.model != settings.served_name:
+            raise OpenAIError(404, f"model {body.model!r} does not exist; this server serves "
+                                   f"{settings.served_name!r}", "model", "model_not_found")
+        body.refuse_unsupported()
+        if isinstance(body, ChatCompletionRequest):
+            if settings.tokenizer is None:
+                raise OpenAIError(400, "this server has no tokenizer to apply a chat template; use /v1/completions")
+            try:
+                prompt = settings.tokenizer.render_chat(body.chat())
+            except InvalidRequestError as e:
+                raise OpenAIError(400, f"{e}; use /v1/completions", "messages") from None
+        else:
+            prompt = body.text()
+        params = body.params(body.requested_max_tokens, settings.max_tokens_limit, apply_chat_template=False)
+        return generate_aio(state["triton"], prompt, params, model=settings.model, request_id=request_id)
+
+    async def _stream(renderer: Renderer, first: StreamEvent, events: AsyncIterator[StreamEvent],
+                      include_usage: bool, endpoint: str, t0: float) -> AsyncIterator[str]:
+        status, ttft = 499, None  # a stream cut short is the client's doing (Starlette cancels us)
+        try:
+            if renderer.kind == "chat":
+                yield sse(renderer.chunk(role=True, with_usage_field=include_usage))
+            event = first
+            while event.result is None:
+                ttft = time.perf_counter() - t0 if ttft is None else ttft
+                yield sse(renderer.chunk(event.text, with_usage_field=include_usage))
+                event = await anext(events)
+            yield sse(renderer.chunk(result=event.result, with_usage_field=include_usage))
+            if include_usage:
+                yield sse(renderer.usage_chunk(event.result))
+            status = 200
+        except ClientError as e:
+            error = _as_openai_error(e)
+            status = error.status
+            yield sse(error.body())
+        finally:
+            await events.aclose()  # cancels the Triton request if it is still running
+            metrics.finished(endpoint, status, time.perf_counter() - t0, ttft)
+            metrics.in_flight.dec()
+        yield sse("[DONE]")
+
+    return app
+
+
+async def _collect(events: AsyncIterator[StreamEvent]) -> ClientResult:
+    async for event in events:
+        if event.result is not None:
+            return event.result
+    raise ClientError("the stream ended without a result", code="UNAVAILABLE")
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the HTTP client hangs up first: then cancel it and raise :class:`_ClientGone`."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise _ClientGone("the client disconnected")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body is read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _as_openai_error(e: Exception) -> OpenAIError:
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, _ClientGone):
+        return OpenAIError(499, "the client disconnected")
+    assert isinstance(e, ClientError)
+    code = error_code(e)
+    return OpenAIError(_STATUS_BY_CODE.get(code, 500), e.message, code=code.lower())
+
+
+def _validation_error(e: RequestValidationError) -> OpenAIError:
+    """Pydantic's first complaint as one line, naming the field."""
+    first = e.errors()[0] if e.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid request body")
+    return OpenAIError(400, f"{param}: {message}" if param else message, param)

@@ -1,0 +1,179 @@
+"""The OpenAI request bodies we take, and how each becomes one ``spec_decode`` request.
+
+Field names, types and defaults are OpenAI's (``temperature`` and ``top_p``
+default to 1, as there). A field we cannot honour with a value other than its
+neutral one (``n`` > 1, ``logprobs``, penalties, tools, ...) is refused with a
+400 naming it; fields we do not know are ignored, as OpenAI's own server
+ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
+``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``)
+and ``top_k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtspec.serving.client import GenerateParams
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is as many as the server allows
+
+
+class OpenAIError(Exception):
+    """A request we answer with OpenAI's error JSON and this HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        kind = {400: "invalid_request_error", 404: "invalid_request_error", 499: "cancelled",
+                503: "service_unavailable_error"}.get(self.status, "server_error")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    """What chat and completions requests share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    # extensions (extra_body)
+    speculation: Literal["auto", "on", "off"] | None = None
+    priority: Literal["high", "normal", "low"] | None = None
+    top_k: int | None = Field(None, ge=0)
+
+    def refuse_unsupported(self) -> None:
+        """400 for each field set to something we cannot do (the neutral values pass)."""
+        if self.n != 1:
+            raise OpenAIError(400, f"n {self.n}: this server returns one choice per request (n = 1)", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise OpenAIError(400, f"{name} {getattr(self, name)}: not supported by this server (0 only)", name)
+        if self.logit_bias:
+            raise OpenAIError(400, "logit_bias is not supported by this server", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise OpenAIError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+    def params(self, max_tokens: int | None, default_max_tokens: int, apply_chat_template: bool) -> GenerateParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        return GenerateParams(
+            max_tokens=max_tokens or default_max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop_words=stop,
+            speculation=self.speculation,
+            priority=self.priority,
+            apply_chat_template=apply_chat_template,
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        kinds = {p.type for p in self.content} - {"text"}
+        if kinds:
+            raise OpenAIError(400, f"message content of type {sorted(kinds)[0]!r} is not supported (text only)",
+                              "messages")
+        return "".join(p.text or "" for p in self.content)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.logprobs or self.top_logprobs:
+            raise OpenAIError(400, "logprobs is not supported by this server", "logprobs")
+        if self.tools:
+            raise OpenAIError(400, "tools are not supported by this server", "tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise OpenAIError(400, f"response_format {self.response_format.get('type')!r}: text only", "response_format")
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (``developer`` is OpenAI's newer name for ``system``)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise OpenAIError(400, f"prompt holds {len(self.prompt)} strings; this server takes one prompt per request",
+                              "prompt")
+        for name, neutral in (("echo", False), ("suffix", None), ("logprobs", None)):
+            if getattr(self, name) not in (neutral, ""):
+                raise OpenAIError(400, f"{name} is not supported by this server", name)
+        if self.best_of not in (None, 1):
+            raise OpenAIError(400, f"best_of {self.best_of}: this server returns one choice per request", "best_of")
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
