@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence  # noqa: E402
 from trtspec.builder.repo import write_model_repo  # noqa: E402
 from trtspec.decoding import FixedDraftLength, GenerationRequest, GenerationResult, StopCriteria  # noqa: E402
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver  # noqa: E402
+from trtspec.testing.tiny import STATIC_POLICY  # noqa: E402
 from trtspec.testing.tiny import make_tiny_llama  # noqa: E402
 
 MAX_TOKENS_LIMIT = 200  # the tiny models hold 256 tokens
@@ -69,19 +70,6 @@ def demo_pair(demo_pair_paths):
     from trtspec.runtime.pair import load_pair
 
     return load_pair(demo_pair_paths.target, demo_pair_paths.draft)
-
-
-# The served tests check that speculation happens and stays exact. With the default
-# policy the tiny pair would rightly stop speculating: goodput learns that a BLS round
-# trip costs more than their forward pass, and their ~35% rejection opens the breaker.
-# (The control plane's own tests cover those decisions.)
-STATIC_POLICY = """
-draft_length:
-  controller: static
-  static: {k: 5}
-breaker: {enabled: false}
-fallback: {enabled: false}
-"""
 
 
 @pytest.fixture(scope="session")

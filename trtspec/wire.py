@@ -70,7 +70,8 @@ SPEC_DECODE_INPUTS = (
     TensorSpec("random_seed", "TYPE_UINT64", (1,), True, "TensorRT-LLM's name for seed"),
     TensorSpec("exact", "TYPE_BOOL", (1,), True,
                "sampling: position-keyed draws, so a seed gives the same output with speculation on or off "
-               "(greedy output is exact when the target's exact parameter is on; docs/runtime.md)"),
+               "(default: the policy's exact; greedy output is exact when the target's exact parameter is on; "
+               "docs/runtime.md)"),
     TensorSpec("stop_words", "TYPE_STRING", (-1,), True, "stop strings; empty strings are ignored"),
     TensorSpec("bad_words", "TYPE_STRING", (-1,), True, "TensorRT-LLM compatibility: only empty values accepted"),
     TensorSpec("priority", "TYPE_STRING", (1,), True, "high | normal (default) | low: routing and admission"),

@@ -16,7 +16,7 @@ import pytest
 from trtspec.builder.repo import write_model_repo
 from trtspec.serving import statusfile
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
-from trtspec.testing.tiny import pair_paths
+from trtspec.testing.tiny import STATIC_POLICY, pair_paths  # noqa: F401 (STATIC_POLICY: for the tests here)
 
 MAX_TOKENS_LIMIT = 200  # as tiny_repo in tests/conftest.py
 
@@ -91,16 +91,6 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
         if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
             total += float(m.group(2))
     return total
-
-
-# Served reliability tests keep speculation on whatever the draft does (the breaker is tested on its own).
-STATIC_POLICY = """
-draft_length:
-  controller: static
-  static: {k: 5}
-breaker: {enabled: false}
-fallback: {enabled: false}
-"""
 
 
 def long_context_pair(root: Path) -> tuple[Path, Path]:

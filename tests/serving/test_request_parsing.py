@@ -31,8 +31,8 @@ def lookup(**values):
     return arrays.get
 
 
-def parse(limit: int = 100, **values):
-    return parse_request(lookup(**values), max_tokens_limit=limit, request_id="r1")
+def parse(limit: int = 100, default_exact: bool = False, **values):
+    return parse_request(lookup(**values), max_tokens_limit=limit, request_id="r1", default_exact=default_exact)
 
 
 def test_minimal_request_gets_the_defaults():
@@ -122,6 +122,11 @@ def test_exact_selects_position_keyed_sampling():
     r = parse(text_input="x", max_tokens=1, temperature=np.array([[0.7]], dtype=np.float32),
               seed=np.array([[3]], dtype=np.int64), exact=np.array([[True]]))
     assert r.sampling.exact and r.sampling.seed == 3
+
+
+def test_a_request_without_exact_takes_the_policys_default():
+    assert parse(text_input="x", max_tokens=1, default_exact=True).sampling.exact
+    assert not parse(text_input="x", max_tokens=1, default_exact=True, exact=np.array([[False]])).sampling.exact
 
 
 def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():

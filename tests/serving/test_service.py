@@ -12,6 +12,7 @@ import pytest
 from trtspec.errors import ModelCallError
 from trtspec.obs.sinks import PrometheusClientSink
 from trtspec.serving.service import RequestService
+from trtspec.testing.tiny import STATIC_POLICY
 from trtspec.wire import SpecDecodeParams
 
 PROMPT = "The quick brown fox"
@@ -224,6 +225,19 @@ def test_without_a_draft_model_the_free_drafters_speculate(tiny_pair, reference)
         assert model.final[1].stats.drafted_tokens == 0 and routed("target_only") == 1
         bad = ask(service, text_input=PROMPT, max_tokens=4, drafter="lookup")
         assert bad.error == ("INVALID_ARG", "drafter must be one of model, ngram, suffix, auto; got 'lookup'")
+    finally:
+        service.close()
+
+
+def test_the_policys_exact_makes_a_seed_give_the_same_sample_with_speculation_on_or_off(tiny_pair, tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(STATIC_POLICY + "exact: true\n")
+    service = make_service(tiny_pair, policy_file=str(policy))
+    try:
+        sampled = dict(text_input=PROMPT, max_tokens=24, temperature=1.0, seed=11)
+        on, off = (ask(service, **sampled, speculation=s).final[1] for s in ("on", "off"))
+        assert on.stats.drafted_tokens > 0 and off.stats.drafted_tokens == 0
+        assert on.token_ids == off.token_ids
     finally:
         service.close()
 

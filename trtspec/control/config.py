@@ -234,6 +234,9 @@ class Policy(_Section):
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     drafters: DrafterOptions = Field(default_factory=DrafterOptions)
+    # The sampling rule of a request that does not send ``exact``: position-keyed draws, so a seed gives
+    # the same output with speculation on or off (docs/runtime.md). Greedy exactness is the target's own.
+    exact: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)

@@ -66,9 +66,12 @@ class ServeRequest:
 
 
 def parse_request(
-    get: Lookup, *, max_tokens_limit: int, request_id: str = "", max_text_bytes: int | None = None
+    get: Lookup, *, max_tokens_limit: int, request_id: str = "", max_text_bytes: int | None = None,
+    default_exact: bool = False,
 ) -> ServeRequest:
-    """Read and check every input of the client interface (see ``protocol.SPEC_DECODE_INPUTS``)."""
+    """Read and check every input of the client interface (see ``wire.SPEC_DECODE_INPUTS``).
+
+    ``default_exact``: the sampling rule of a request that does not send ``exact`` (the policy's ``exact``)."""
     text = _text(get, "text_input", required=True)
     assert text is not None
     if not text:
@@ -103,12 +106,13 @@ def parse_request(
     if top_p == 0.0:  # TensorRT-LLM's meaning: top-p off; with top-k off as well, greedy
         top_p = 1.0
         temperature = 0.0 if not top_k else temperature
+    exact = _bool(get, "exact")
     sampling = SamplingParams(
         temperature=0.0 if temperature is None else temperature,
         top_k=0 if top_k is None else top_k,
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
-        exact=bool(_bool(get, "exact")),
+        exact=default_exact if exact is None else exact,
     )
     sampling.validate()
     stop_words = tuple(w for w in _texts(get, "stop_words") if w)

@@ -212,7 +212,8 @@ class RequestService:
         cfg = self.config
         try:
             sreq = parse_request(get, max_tokens_limit=cfg.max_tokens_limit, request_id=request_id,
-                                 max_text_bytes=cfg.text_limit_bytes)
+                                 max_text_bytes=cfg.text_limit_bytes,
+                                 default_exact=self.governor.policy.exact)
         except InvalidRequestError as e:
             return self._refuse(reply, "invalid", str(e), INVALID_ARG)
         except Exception as e:  # a parser bug must not take the batch down

@@ -18,6 +18,18 @@ CORPUS = (
     "Hello world! How are you today? I am fine, thank you. The cat sat on the mat.\n"
 )
 
+# A policy for served tests of the tiny pair: speculation stays on at a fixed k whatever the draft does.
+# With the defaults the tiny pair would rightly stop speculating: goodput learns that a BLS round trip
+# costs more than their forward pass, and their ~35% rejection opens the breaker. (The control plane's
+# own tests cover those decisions.)
+STATIC_POLICY = """
+draft_length:
+  controller: static
+  static: {k: 5}
+breaker: {enabled: false}
+fallback: {enabled: false}
+"""
+
 
 def make_tokenizer(out_dir: Path, vocab_size: int = 384):
     """A byte-level BPE tokenizer trained on a fixed corpus (deterministic)."""
