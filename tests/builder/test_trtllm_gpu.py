@@ -6,7 +6,6 @@ image the top-level Dockerfile builds); skipped elsewhere, with the reason.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from trtspec.builder.manifest import verify_engines
 from trtspec.builder.pipeline import BuildOptions, run_build
 from trtspec.builder.quantize import ProbeSettings
 from trtspec.serving.client import GenerateParams, generate_http
+from trtspec.serving.launcher import free_ports
 from trtspec.testing.tiny import make_tiny_llama
 
 pytestmark = pytest.mark.gpu
@@ -64,18 +64,12 @@ def test_engines_are_built_and_recorded(trt_build) -> None:
     assert run_build(opts).reused  # idempotent: nothing rebuilt
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_triton_serves_the_engines_with_external_draft_tokens(trt_build) -> None:
     _, result = trt_build
     if not (TRITON_BIN.is_file() and TRTLLM_BACKEND.is_dir()):
         pytest.skip(f"no Triton with the tensorrtllm backend at {TRITON_BIN.parent.parent}")
     httpclient = pytest.importorskip("tritonclient.http")
-    http, grpc, metrics = _free_port(), _free_port(), _free_port()
+    http, grpc, metrics = free_ports(3)
     proc = subprocess.Popen(
         [str(TRITON_BIN), f"--model-repository={result.model_repo}", f"--http-port={http}",
          f"--grpc-port={grpc}", f"--metrics-port={metrics}"],

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,8 +22,8 @@ from reliability_helpers import LONG_PROMPT, long_context_pair
 from trtspec.builder.repo import write_model_repo
 from trtspec.serving.client import ClientError, GenerateParams, generate_grpc
 from trtspec.serving.launcher import ServerError, find_tritonserver
+from trtspec.testing.serve import serve_process
 
-SERVE = "import typer; from trtspec.cli.serve import serve; typer.run(serve)"
 GRACE_S = 3.0
 
 
@@ -41,18 +39,7 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(repo, tm
         find_tritonserver()
     except ServerError as e:
         pytest.skip(str(e))
-    args = [sys.executable, "-c", SERVE, "--model-repo", str(repo), "--host", "127.0.0.1", "--http-port", "0",
-            "--grpc-port", "0", "--metrics-port", "0", "--status-port", "0", "--log-file", str(tmp_path / "server.log"),
-            "--grace-period", str(GRACE_S), "--openai-port", "0", "--json"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        for line in proc.stdout:  # the JSON object, printed once the server is ready
-            lines.append(line)
-            if line.startswith("}"):
-                break
-        assert lines, f"trtspec serve did not start: {proc.stderr.read()}"
-        info = json.loads("".join(lines))
+    with serve_process(repo, tmp_path / "server.log", "--grace-period", str(GRACE_S)) as (proc, info):
         grpc = info["endpoints"]["grpc"]
         ready_url = info["endpoints"]["status"].replace("/status", "/ready")
         assert urllib.request.urlopen(ready_url, timeout=60).status == 200
@@ -96,10 +83,6 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(repo, tm
         code = proc.wait(timeout=GRACE_S + 30)
         stopped_s = time.monotonic() - signalled
         stderr = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert code == 0, stderr
     full = results["full"]
     assert not isinstance(full, Exception), full

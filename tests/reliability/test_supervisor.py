@@ -241,6 +241,27 @@ def test_a_busy_suspect_model_waits_for_its_calls_and_one_answering_clears_it(cl
     assert sup.healthy and seen[-1] == (Health.SUSPECT, Health.HEALTHY) and sup.reloads == 0
 
 
+def test_a_probe_that_queued_behind_a_call_made_after_it_gives_no_verdict(clock):
+    busy = [False]
+    sup, seen = make(clock, busy=lambda: busy[0])
+    clock.advance(10.0)  # idle past health_interval_s: a liveness probe is due
+
+    def probe_behind_a_long_prefill() -> None:
+        busy[0] = True  # a request's long prefill reached the model just before the probe
+        clock.advance(CFG.health_interval_s)
+        raise TimeoutError("model 'target' did not answer a probe within 0.3s")
+
+    sup.step(None, probe_behind_a_long_prefill, max_actions=1)
+    assert sup.healthy and seen == [] and sup.probe_failures == 0
+    assert sup.snapshot()["probes_inconclusive"] == 1
+    assert sup.due()[0] is None  # the prefill is the liveness check now
+    busy[0] = False  # it ended without answering (or ran past its bound): probed again
+    assert sup.due()[0] is Action.PROBE
+    script = Script(clock, probes=[False])
+    sup.step(None, script.probe, max_actions=1)  # an idle model failing its probe is FAILED, as before
+    assert sup.state is Health.FAILED and sup.probe_failures == 1
+
+
 def test_no_reload_under_progressing_calls_unless_the_stub_is_dead(clock):
     busy = [False]
     sup, _ = make(clock, busy=lambda: busy[0])

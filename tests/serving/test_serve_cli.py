@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -17,8 +15,8 @@ from typer.testing import CliRunner
 from trtspec.builder.repo import write_model_repo
 from trtspec.cli.client import generate_url
 from trtspec.serving.launcher import ServerError, find_tritonserver
+from trtspec.testing.serve import serve_process
 
-SERVE = "import typer; from trtspec.cli.serve import serve; typer.run(serve)"
 
 
 def _client_app() -> typer.Typer:
@@ -78,17 +76,7 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
     except ServerError as e:
         pytest.skip(str(e))
     log_file = tmp_path / "server.log"
-    args = [sys.executable, "-c", SERVE, "--model-repo", str(target_only_repo), "--host", "127.0.0.1",
-            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--status-port", "0",
-            "--openai-port", "0", "--log-file", str(log_file), "--json"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines = []
-        for line in proc.stdout:  # the JSON object, printed once the server is ready
-            lines.append(line)
-            if line.startswith("}"):
-                break
-        info = json.loads("".join(lines))
+    with serve_process(target_only_repo, log_file) as (proc, info):
         server_pid = info["pid"]
         http = info["endpoints"]["http"]
         assert urllib.request.urlopen(f"{http}/v2/health/ready", timeout=10).status == 200
@@ -105,10 +93,6 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         assert status["speculation"] == "off" and status["speculation_reason"] == "no draft model deployed"
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     with pytest.raises(ProcessLookupError):
         os.kill(server_pid, 0)  # tritonserver is gone too
     with pytest.raises(OSError):  # and so is the OpenAI endpoint

@@ -37,6 +37,7 @@ the server grew less per request with jemalloc and handed back what a burst took
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import os
 import re
@@ -222,9 +223,17 @@ def find_tritonserver() -> TritonInstall:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (the OS's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host != "0.0.0.0" else "", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports nothing listens on right now: all held open while picked (one at a time,
+    a port just closed can be picked again)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind((host if host != "0.0.0.0" else "", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _connect_host(host: str) -> str:
@@ -311,11 +320,12 @@ class TritonServer:
         attempts = 3 if picked else 1
         try:
             for attempt in range(attempts):
+                fresh = iter(free_ports(3, self.host))
                 self.endpoints = Endpoints(
                     host=self.host,
-                    http_port=self.http_port or free_port(self.host),
-                    grpc_port=self.grpc_port or free_port(self.host),
-                    metrics_port=self.metrics_port or free_port(self.host),
+                    http_port=self.http_port or next(fresh),
+                    grpc_port=self.grpc_port or next(fresh),
+                    metrics_port=self.metrics_port or next(fresh),
                 )
                 log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
                 self._log_handle = self.log_file.open("ab")

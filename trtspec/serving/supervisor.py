@@ -38,6 +38,9 @@ instance serves one call at a time) -- a HEALTHY model's liveness check is
 those calls, a SUSPECT one waits for one of them to answer -- and a FAILED
 model is not reloaded unless Triton said its stub is dead. A call that runs
 past its bound no longer counts, so a hung model is still probed and reloaded.
+A probe sent while the model was idle can still queue behind a call made just
+after it; if it fails while such calls progress, it gives no verdict (counted
+in ``probes_inconclusive``) and the state stays as it was.
 
 Backoff: attempt ``n`` of a recovery (``n = 0`` right after detection) waits
 ``0`` for ``n = 0``, else ``min(backoff_max_s, backoff_initial_s * backoff_factor ** (n - 1))``.
@@ -170,6 +173,7 @@ class ModelSupervisor:
         self.reloads = 0  # reloads that returned
         self.reload_failures = 0
         self.probe_failures = 0
+        self.probes_inconclusive = 0  # failed probes that had queued behind calls still in progress
         self.outages: deque[Outage] = deque(maxlen=20)
 
     def add_listener(self, listener: HealthListener) -> None:
@@ -230,6 +234,7 @@ class ModelSupervisor:
                 "reloads": self.reloads,
                 "reload_failures": self.reload_failures,
                 "probe_failures": self.probe_failures,
+                "probes_inconclusive": self.probes_inconclusive,
                 "last_answer_age_s": now - self._last_ok,
                 "busy": self._busy(),
                 "probe": self._probe_status(now, action),
@@ -373,6 +378,10 @@ class ModelSupervisor:
                     self._move(Health.HEALTHY, "probe answered", fired)
             elif self._state is Health.FAILED and began is not Health.FAILED:
                 return  # declared dead while the probe ran (report_error(fatal=True)): nothing to add
+            elif began in (Health.HEALTHY, Health.SUSPECT) and self._busy():
+                # Sent while the model was idle, it queued behind calls made just after it, which still
+                # progress: no verdict. They are the liveness check; the next probe waits until they end.
+                self.probes_inconclusive += 1
             else:
                 self.probe_failures += 1
                 self.last_error = f"probe failed: {error}"
