@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.serving.client import ClientError, ClientResult, error_code
@@ -32,6 +33,13 @@ def test_openai_defaults_become_spec_decode_inputs():
     assert c.params(c.requested_max_tokens, 300, apply_chat_template=False).fields() == {
         "max_tokens": 16, "temperature": 0.0, "top_k": 5, "top_p": 1.0, "seed": 3, "speculation": "off",
         "stop_words": ["END"], "apply_chat_template": False}
+
+
+def test_drafter_extension_becomes_the_drafter_input():
+    assert chat(drafter="suffix").params(8, 300, apply_chat_template=False).fields()["drafter"] == "suffix"
+    assert "drafter" not in chat().params(8, 300, apply_chat_template=False).fields()
+    with pytest.raises(ValidationError, match="drafter"):
+        chat(drafter="oracle")
 
 
 def test_max_completion_tokens_wins_over_max_tokens():

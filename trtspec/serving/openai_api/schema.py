@@ -5,8 +5,8 @@ default to 1, as there). A field we cannot honour with a value other than its
 neutral one (``n`` > 1, ``logprobs``, penalties, tools, ...) is refused with a
 400 naming it; fields we do not know are ignored, as OpenAI's own server
 ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
-``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``)
-and ``top_k``.
+``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
+``drafter`` (``model | ngram | suffix | auto``) and ``top_k``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtspec.decoding.types import DrafterKind
 from trtspec.serving.client import GenerateParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is as many as the server allows
@@ -61,6 +62,7 @@ class _Request(BaseModel):
     # extensions (extra_body)
     speculation: Literal["auto", "on", "off"] | None = None
     priority: Literal["high", "normal", "low"] | None = None
+    drafter: DrafterKind | None = None
     top_k: int | None = Field(None, ge=0)
 
     def refuse_unsupported(self) -> None:
@@ -86,6 +88,7 @@ class _Request(BaseModel):
             stop_words=stop,
             speculation=self.speculation,
             priority=self.priority,
+            drafter=self.drafter.value if self.drafter is not None else None,
             apply_chat_template=apply_chat_template,
         )
 
