@@ -67,6 +67,14 @@ def test_workload_prompts_do_not_follow_the_arm() -> None:
     assert specs == list(itertools.islice(Workload(prompts, OutputLength.parse("5"), ArmSplit.parse("auto,off"), seed=3).requests(), 400))
 
 
+def test_only_the_speculating_arms_send_the_drafter() -> None:
+    w = Workload([Prompt("p")], OutputLength.parse("5"), ArmSplit.parse("auto,on,off"), drafter="suffix")
+    specs = list(itertools.islice(w.requests(), 6))
+    assert {(s.arm, s.drafter) for s in specs} == {("auto", "suffix"), ("on", "suffix"), ("off", None)}
+    plain = Workload([Prompt("p")], OutputLength.parse("5"), ArmSplit.parse("auto,off"))
+    assert {s.drafter for s in itertools.islice(plain.requests(), 4)} == {None}  # the server's default
+
+
 def test_load_prompts(tmp_path: Path) -> None:
     p = tmp_path / "p.jsonl"
     p.write_text('{"prompt": "hi", "max_tokens": 7}\n\n{"text_input": "yo", "priority": "high"}\n')

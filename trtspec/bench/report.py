@@ -63,7 +63,8 @@ def text_summary(result: BenchResult) -> str:
     cfg = result.config
     load = f"{cfg['rate_rps']:g} req/s (Poisson)" if cfg["mode"] == "open" else f"concurrency {cfg['concurrency']}"
     out = [
-        f"bench {cfg['url']} ({cfg['protocol']}): {load}, {s['wall_s']:.1f}s, max_tokens {cfg['max_tokens']}, arms {cfg['ab']}"
+        f"bench {cfg['url']} ({cfg['protocol']}): {load}, {s['wall_s']:.1f}s, max_tokens {cfg['max_tokens']}, arms {cfg['ab']}, "
+        f"drafter {result.drafter}"
         + (" (INTERRUPTED)" if result.interrupted else ""),
         line(HEADLINE),
         *(line(r) for r in rows),
@@ -90,7 +91,8 @@ def build_doc(result: BenchResult, images: dict[str, bytes]) -> Doc:
     doc = Doc("trtspec bench report")
     load = f"open loop, Poisson arrivals at {cfg['rate_rps']:g} req/s" if cfg["mode"] == "open" else f"closed loop, concurrency {cfg['concurrency']}"
     doc.p(f"Server {cfg['url']} over {cfg['protocol']}; {load}; started {result.started_at}; wall time {s['wall_s']:.1f} s; "
-          f"max_tokens {cfg['max_tokens']}; A/B arms {cfg['ab']} (speculation input per request, interleaved).")
+          f"max_tokens {cfg['max_tokens']}; A/B arms {cfg['ab']} (speculation input per request, interleaved); "
+          f"drafter of the speculating arms: {result.drafter}.")
     if result.interrupted:
         doc.p("The run was interrupted: the figures cover what was sent before.")
     doc.h2("On vs off")

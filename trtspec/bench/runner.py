@@ -29,6 +29,7 @@ from trtspec.bench.stats import summarize
 from trtspec.bench.transport import GrpcTransport, HttpTransport, OpenAITransport, Transport
 from trtspec.bench.workload import ArmSplit, OutputLength, Prompt, Workload, WorkloadError, poisson_arrivals
 from trtspec.errors import one_line
+from trtspec.wire import DRAFTERS
 
 RESULTS_VERSION = 1
 MAX_RATE = 200.0  # requests/s: what operators test at; the client must hold it
@@ -54,6 +55,7 @@ ProgressFn = Callable[[Progress], None]
 
 
 PROTOCOLS = ("grpc", "http", "openai")
+DEFAULT_DRAFTER = "default"  # a run whose requests named no drafter: the server's default_drafter drafted
 
 
 @dataclass
@@ -74,6 +76,7 @@ class BenchConfig:
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
     seed: int = 0
+    drafter: str | None = None  # sent by the speculating arms; None: the server's default_drafter
     channels: int = 4
     probe: bool = True
     label: str = ""
@@ -95,6 +98,10 @@ class BenchConfig:
             raise WorkloadError(f"--timeout must be > 0, got {self.timeout_s:g}")
         if self.protocol not in PROTOCOLS:
             raise WorkloadError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}")
+        if self.drafter is not None and self.drafter not in DRAFTERS:
+            raise WorkloadError(f"--drafter must be one of {', '.join(DRAFTERS)}; got {self.drafter!r}")
+        if self.drafter is not None and self.workload_split.arms == ("off",):
+            raise WorkloadError("--drafter needs a speculating arm in --ab (auto or on): the off arm sends no drafter")
 
     @property
     def mode(self) -> str:
@@ -119,6 +126,7 @@ class BenchConfig:
             "slo_ttft_ms": self.slo_ttft_ms,
             "slo_itl_ms": self.slo_itl_ms,
             "seed": self.seed,
+            "drafter": self.drafter,
             "label": self.label,
         }
 
@@ -134,6 +142,11 @@ class BenchResult:
     memory_summary: dict = field(default_factory=dict)
     server_counters: dict = field(default_factory=dict)
     interrupted: bool = False
+
+    @property
+    def drafter(self) -> str:
+        """What drafted for the speculating arms: ``--drafter``, else ``default`` (results of older runs too)."""
+        return self.config.get("drafter") or DEFAULT_DRAFTER
 
     def to_dict(self) -> dict:
         return {
@@ -175,7 +188,7 @@ async def _run(cfg: BenchConfig, progress: ProgressFn | None) -> BenchResult:
 async def _measure(cfg: BenchConfig, transport: Transport, progress: ProgressFn | None,
                    probe_rps: float | None) -> BenchResult:
     loop = asyncio.get_running_loop()
-    workload = Workload(cfg.prompts, cfg.output, cfg.workload_split, seed=cfg.seed)
+    workload = Workload(cfg.prompts, cfg.output, cfg.workload_split, seed=cfg.seed, drafter=cfg.drafter)
     specs = workload.requests()
     records: list[RequestRecord] = []
     tasks: set[asyncio.Task] = set()

@@ -19,7 +19,7 @@ raise for a request that fails: the failure becomes the record's ``error``
   streamed chat completions with usage, the prompt as one user message (the
   proxy applies the chat template as ``spec_decode`` does for Triton clients,
   so both paths decode the same tokens), greedy (``temperature`` 0, Triton's
-  default), the arm as the ``speculation`` extension. A timeout closes the
+  default), the arm as the ``speculation`` extension (``priority`` and ``drafter`` too). A timeout closes the
   stream, which cancels the request on the server.
 
 :meth:`Transport.probe` measures the client's own maximum send rate: requests
@@ -59,7 +59,18 @@ class Transport(Protocol):
 
 
 def _params(spec: RequestSpec) -> GenerateParams:
-    return GenerateParams(max_tokens=spec.max_tokens, speculation=spec.arm, priority=spec.priority)
+    return GenerateParams(max_tokens=spec.max_tokens, speculation=spec.arm, priority=spec.priority,
+                          drafter=spec.drafter)
+
+
+def _grpc_inputs(spec: RequestSpec) -> list:
+    """The streamed gRPC request's inputs."""
+    return grpc_inputs({"text_input": spec.prompt, "stream": True, **_params(spec).fields()})
+
+
+def _openai_extra_body(spec: RequestSpec) -> dict:
+    """The trtspec extensions (``speculation``, ``priority``, ``drafter``) of the OpenAI request."""
+    return {k: v for k, v in _params(spec).fields().items() if k != "max_tokens"}
 
 
 def _first(arr, cast, default):
@@ -93,9 +104,7 @@ class GrpcTransport:
         return self._clients[self._turn]
 
     async def send(self, spec: RequestSpec, rec: RequestRecord, clock: Clock, timeout_s: float) -> None:
-        values = {"text_input": spec.prompt, "stream": True, **_params(spec).fields()}
-        inputs = grpc_inputs(values)
-        await self._stream(self.model, inputs, spec.request_id, rec, clock, timeout_s)
+        await self._stream(self.model, _grpc_inputs(spec), spec.request_id, rec, clock, timeout_s)
 
     async def _stream(self, model: str, inputs: list, request_id: str, rec: RequestRecord, clock: Clock,
                       timeout_s: float) -> None:
@@ -159,7 +168,7 @@ class GrpcTransport:
 
         clock = time.perf_counter
         spec = RequestSpec(0, "probe", 1, "off")
-        inputs = grpc_inputs({"text_input": spec.prompt, "stream": True, **_params(spec).fields()})
+        inputs = _grpc_inputs(spec)
         return await _probe(lambda rec: self._stream(PROBE_MODEL, inputs, "probe", rec, clock, 10.0),
                             duration_s, concurrency)
 
@@ -271,10 +280,10 @@ class OpenAITransport:
                 rec.done_s = clock()
 
     async def _consume(self, model: str, spec: RequestSpec, rec: RequestRecord, clock: Clock) -> None:
-        extra = {k: v for k, v in (("speculation", spec.arm), ("priority", spec.priority)) if v is not None}
         stream = await self._client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": spec.prompt}], max_tokens=spec.max_tokens,
-            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=extra)
+            temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_body=_openai_extra_body(spec))
         async with stream:  # leaving early (a timeout) closes the connection: the server cancels the request
             async for chunk in stream:
                 now = clock()

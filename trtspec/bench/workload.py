@@ -10,6 +10,9 @@
   are interleaved by smooth weighted round-robin, so after ``n`` requests every
   arm has its share within one request; prompts are drawn with a seeded RNG
   independently of the arm, so no arm gets a biased subset of prompts.
+- Drafter: ``--drafter model|ngram|suffix|auto`` is sent by the speculating
+  arms' requests (``auto``, ``on``); the ``off`` arm sends none. Without it no
+  request names one: the server's ``default_drafter`` drafts.
 - Arrivals: open loop, Poisson at ``rate`` requests/s (exponential gaps,
   seeded), or closed loop (no schedule: the next request leaves when a worker
   is free).
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import TrtspecError
-from trtspec.wire import Priority
+from trtspec.wire import Priority, Speculation
 
 ARMS = ("auto", "on", "off")  # the values of the ``speculation`` input
 
@@ -54,6 +57,7 @@ class RequestSpec:
     max_tokens: int
     arm: str  # auto | on | off
     priority: str | None = None  # high | normal | low
+    drafter: str | None = None  # model | ngram | suffix | auto; None: the server's default_drafter
 
     @property
     def request_id(self) -> str:
@@ -193,6 +197,7 @@ class Workload:
     output: OutputLength
     split: ArmSplit
     seed: int = 0
+    drafter: str | None = None  # sent by the speculating arms; None: the server's default_drafter
 
     def __post_init__(self) -> None:
         if not self.prompts:
@@ -205,7 +210,9 @@ class Workload:
         while True:
             prompt = self.prompts[rng.randrange(len(self.prompts))]
             max_tokens = prompt.max_tokens if prompt.max_tokens is not None else self.output.draw(rng)
-            yield RequestSpec(i, prompt.text, max_tokens, next(arms), prompt.priority)
+            arm = next(arms)
+            drafter = None if arm == Speculation.OFF else self.drafter
+            yield RequestSpec(i, prompt.text, max_tokens, arm, prompt.priority, drafter)
             i += 1
 
 

@@ -20,6 +20,7 @@ def bench(
     prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts: {\"prompt\": ..., \"max_tokens\": ..., \"priority\": ...} per line (default: the built-in set).")] = None,
     max_tokens: Annotated[str, typer.Option("--max-tokens", help="Output length: N, or LO-HI drawn uniformly per request.")] = "64",
     ab: Annotated[str, typer.Option("--ab", help="Speculation arms, interleaved: auto,off (equal) or auto:3,off:1 (weights).")] = "auto,off",
+    drafter: Annotated[str | None, typer.Option("--drafter", help="What drafts for the speculating arms' requests: model, ngram, suffix or auto (default: the server's default_drafter).")] = None,
     slo_ttft_ms: Annotated[float | None, typer.Option("--slo-ttft-ms", help="SLO on time to first token (goodput).")] = None,
     slo_itl_ms: Annotated[float | None, typer.Option("--slo-itl-ms", help="SLO on time per output token after the first (goodput).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take before it is cancelled and counted as a timeout.")] = 60.0,
@@ -66,6 +67,7 @@ def bench(
             slo_ttft_ms=slo_ttft_ms,
             slo_itl_ms=slo_itl_ms,
             seed=seed,
+            drafter=drafter,
             probe=probe,
         )
         if json_out:
