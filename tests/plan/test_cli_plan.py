@@ -66,3 +66,29 @@ def test_inputs_are_required(small_log: Path, tmp_path: Path) -> None:
     assert "--bench RESULTS.json, or --alpha and --c" in r.stderr
     r = runner.invoke(app, [str(small_log), "--alpha", "1.5", "--c", "0.1", "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "--alpha must be in [0, 1]" in r.stderr
+
+
+def test_plan_compares_the_drafters_of_the_bench_files(small_log: Path, tmp_path: Path, make_bench) -> None:
+    files = []
+    for name, accepted in (("suffix", (60, 90)), ("model", (30, 40))):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(make_bench(1.0, 1.2, drafter=name, accepted=accepted).to_dict()))
+        files += ["--bench", str(f)]
+    out = tmp_path / "out"
+    r = runner.invoke(app, [str(small_log), *files, "--rate-per-gpu", "1", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert {n: d["recommended"] for n, d in data["by_drafter"].items()} == {"suffix": True, "model": False}
+    assert data["inputs"]["source"] == f"bench: {tmp_path / 'suffix.json'}"
+    assert json.loads((out / "plan.json").read_text())["by_drafter"] == data["by_drafter"]
+    assert "## By drafter" in (out / "plan.md").read_text()
+    r = runner.invoke(app, [str(small_log), *files, "--rate-per-gpu", "1", "--out", str(out)])
+    assert "drafter: serve with drafter suffix" in r.stdout
+
+
+def test_plan_of_an_older_bench_file_has_one_default_drafter(small_log: Path, tmp_path: Path, make_bench) -> None:
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(make_bench(1.0, 1.2).to_dict()))  # written before bench --drafter: no config.drafter
+    r = runner.invoke(app, [str(small_log), "--bench", str(f), "--out", str(tmp_path / "o"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert list(json.loads(r.stdout)["by_drafter"]) == ["default"]

@@ -6,11 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.bench.records import RequestRecord
-from trtspec.bench.runner import BenchResult
-from trtspec.bench.stats import summarize
 from trtspec.control import RolloutMode, load_policy
-from trtspec.plan import PlanConfig, bench_inputs, make_plan, read_log, write_plan
+from trtspec.plan import (
+    PlanConfig,
+    PlanError,
+    bench_inputs,
+    bench_inputs_by_drafter,
+    make_plan,
+    plan_by_drafter,
+    read_log,
+    text_summary,
+    write_plan,
+)
 from trtspec.plan.model import acceptance_rate, alpha_from_rate
 from trtspec.plan.planner import explicit_inputs
 
@@ -102,32 +109,8 @@ def test_recommended_policy_files_load_and_roll_out_in_stages(small_log: Path, t
         assert Path(files[kind]).stat().st_size > 0
 
 
-def _record(i: int, arm: str, input_tokens: int, drafted: int, accepted: int, chunks: int, interval_s: float,
-            tokens: int) -> RequestRecord:
-    times = [0.05 + j * interval_s for j in range(chunks)]
-    return RequestRecord(i, arm, tokens, arrival_s=float(i), sent_s=float(i), done_s=float(i) + times[-1] + 0.001,
-                         chunks=[(t, 4) for t in times], input_tokens=input_tokens, output_tokens=tokens,
-                         drafted=drafted, accepted=accepted, finish_reason="length")
-
-
-def _bench(rate: float, speedup: float) -> BenchResult:
-    # auto: 26 chunks each (the prefill's token, then 25 drafting iterations), 100 drafted per
-    # request -> k = 100 / 25 = 4; one iteration every 30 ms
-    # off: one token per chunk every 10 ms -> c = (30 / 10 - 1) / 4 = 0.5
-    records = [
-        _record(0, "auto", 40, 100, 60, 26, 0.030, 85),   # bucket 33-64: 60 / 100
-        _record(1, "auto", 100, 100, 90, 26, 0.030, 115),  # bucket 65-128: 90 / 100
-        _record(2, "off", 40, 0, 0, 50, 0.010, 50),
-        _record(3, "off", 100, 0, 0, 50, 0.010, 50),
-    ]
-    summary = summarize(records, arms=("auto", "off"))
-    summary["speedup_vs_off"]["auto"] = speedup  # the measured figure the load correction reads
-    config = {"rate_rps": rate, "mode": "open"}
-    return BenchResult(config=config, started_at="", records=records, summary=summary, client={})
-
-
-def test_bench_inputs_alpha_c_k_and_load_correction(small_log: Path) -> None:
-    inputs = bench_inputs([("a.json", _bench(1.0, 1.2)), ("b.json", _bench(5.0, 0.9))])
+def test_bench_inputs_alpha_c_k_and_load_correction(small_log: Path, make_bench) -> None:
+    inputs = bench_inputs([("a.json", make_bench(1.0, 1.2)), ("b.json", make_bench(5.0, 0.9))])
     assert inputs.k == 4
     assert inputs.acceptance_rate == pytest.approx(300 / 400)  # pooled over both runs: (60 + 90) x 2 / 400
     assert acceptance_rate(inputs.alpha, 4) == pytest.approx(0.75)
@@ -147,3 +130,51 @@ def test_bench_inputs_alpha_c_k_and_load_correction(small_log: Path) -> None:
     assert by["0-32"]["speedup"] == pytest.approx(lev(inputs.alpha) * 0.875)
     # the two measured alphas differ by more than 0.1: the adaptive controller
     assert plan["policy"].controller == "goodput"
+
+
+def test_plan_by_drafter_picks_the_better_drafter_and_reports_both(small_log: Path, make_bench) -> None:
+    # model accepts 30 + 40 of 200 drafted, ngram 60 + 90: same c (0.5) and k (4), listed second
+    results = [("m.json", make_bench(1.0, 1.2, drafter="model", accepted=(30, 40))),
+               ("n.json", make_bench(1.0, 1.2, drafter="ngram"))]
+    inputs = bench_inputs_by_drafter(results)
+    assert list(inputs) == ["model", "ngram"]
+    assert inputs["model"].acceptance_rate == pytest.approx(70 / 200)
+    assert inputs["ngram"].acceptance_rate == pytest.approx(150 / 200)
+    assert inputs["ngram"].source == "bench: n.json"  # each drafter from its own runs
+    log = read_log(small_log)
+    cfg = PlanConfig(rate_per_gpu=1.0)
+    plan = plan_by_drafter(log, inputs, cfg)
+    ngram, model = make_plan(log, inputs["ngram"], cfg), make_plan(log, inputs["model"], cfg)
+    assert model["speedup"]["recommended_policy"] < ngram["speedup"]["recommended_policy"]
+    assert plan["inputs"] == ngram["inputs"] and plan["speedup"] == ngram["speedup"]  # the plan is ngram's
+    assert plan["by_drafter"] == {
+        name: {"alpha": pytest.approx(inputs[name].alpha), "c": pytest.approx(0.5), "k": 4,
+               "acceptance_rate": pytest.approx(inputs[name].acceptance_rate),
+               "speedup_recommended_policy": pytest.approx(p["speedup"]["recommended_policy"]),
+               "speedup_all_speculate": pytest.approx(p["speedup"]["all_speculate"]),
+               "recommended": name == "ngram"}
+        for name, p in (("model", model), ("ngram", ngram))
+    }
+    text = text_summary(plan)
+    assert "by drafter" in text and "drafter: serve with drafter ngram" in text
+    assert [line.split()[0] for line in text.splitlines() if line.endswith("<- recommended")] == ["ngram"]
+
+
+def test_results_without_a_drafter_plan_as_before(small_log: Path, make_bench) -> None:
+    results = [("a.json", make_bench(1.0, 1.2)), ("b.json", make_bench(5.0, 0.9))]  # no config.drafter: older files
+    inputs = bench_inputs_by_drafter(results)
+    assert list(inputs) == ["default"]
+    log = read_log(small_log)
+    cfg = PlanConfig(rate_per_gpu=3.0)
+    plan = plan_by_drafter(log, inputs, cfg)
+    before = make_plan(log, bench_inputs(results), cfg)
+    assert {k: v for k, v in plan.items() if k != "by_drafter"} == before
+    assert list(plan["by_drafter"]) == ["default"] and plan["by_drafter"]["default"]["recommended"]
+    assert "by drafter" not in text_summary(plan) and "drafter:" not in text_summary(plan)
+
+
+def test_a_drafter_that_never_drafted_is_named(make_bench) -> None:
+    results = [("m.json", make_bench(1.0, 1.2, drafter="model")),
+               ("n.json", make_bench(1.0, 1.2, drafter="ngram", drafted=0, accepted=(0, 0)))]
+    with pytest.raises(PlanError, match="^drafter ngram: the bench results hold no drafted tokens"):
+        bench_inputs_by_drafter(results)

@@ -12,7 +12,7 @@ from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, p
 
 def plan(
     logfile: Annotated[Path, typer.Argument(help="Request log: JSONL or CSV with prompt_tokens, output_tokens, timestamp[, priority].")],
-    bench: Annotated[list[Path] | None, typer.Option("--bench", help="A bench results.json (repeat for several rates: the load correction).")] = None,
+    bench: Annotated[list[Path] | None, typer.Option("--bench", help="A bench results.json (repeat for several rates: the load correction; runs of several --drafter values are compared).")] = None,
     alpha: Annotated[float | None, typer.Option("--alpha", help="Per-token acceptance probability (Leviathan's alpha); overrides bench.")] = None,
     c: Annotated[float | None, typer.Option("--c", help="Cost of a draft step in target steps; overrides bench.")] = None,
     k: Annotated[int | None, typer.Option("--k", help="Drafted tokens per iteration (default: measured by bench, else 5).")] = None,
@@ -27,7 +27,7 @@ def plan(
     json_out: JsonOpt = False,
 ) -> None:
     """Plan speculation from request logs: speedup by length, ROI, a recommended policy."""
-    from trtspec.plan import LogParseError, PlanConfig, make_plan, plan_json, read_log, resolve_inputs, text_summary, write_plan
+    from trtspec.plan import LogParseError, PlanConfig, plan_by_drafter, plan_json, read_log, resolve_inputs, text_summary, write_plan
 
     cfg = PlanConfig(alpha=alpha, c=c, k=k, gpu_price=gpu_price, tokens_per_s=tokens_per_s, rate_per_gpu=rate_per_gpu,
                      threshold=threshold, min_gain=min_gain)
@@ -43,7 +43,7 @@ def plan(
 
             cfg.current_policy = load_policy(policy)
         inputs = resolve_inputs(bench or [], cfg)
-        result = make_plan(request_log, inputs, cfg)
+        result = plan_by_drafter(request_log, inputs, cfg)
         files = write_plan(result, request_log, out)
     for p in request_log.problems:
         log(f"skipped {request_log.path}:{p.line}: {p.message}", quiet=json_out)

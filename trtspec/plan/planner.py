@@ -18,6 +18,10 @@ Steps (each documented in ``docs/bench_plan.md``):
 5. ROI: GPU-hours/day with and without speculation at the logged rate and the
    tokens/s one GPU generates; hours saved x price.
 6. The recommended policy (:mod:`trtspec.plan.policy`).
+7. By drafter (:func:`plan_by_drafter`): bench runs are grouped by the drafter
+   their speculating arms sent (``trtspec bench --drafter``; ``default``: none
+   named); steps 2-6 run per drafter and the plan is the one of the drafter
+   whose recommended policy gives the highest overall speedup.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trtspec.bench.records import RequestRecord
-from trtspec.bench.runner import BenchResult
+from trtspec.bench.runner import DEFAULT_DRAFTER, BenchResult
 from trtspec.bench.stats import estimate_k
 from trtspec.control.config import Policy
 from trtspec.errors import TrtspecError
@@ -164,6 +168,22 @@ def bench_inputs(results: Sequence[tuple[str, BenchResult]], k: int | None = Non
         points=points,
         capacity_tokens_per_s=max(clean) if clean else None,
     )
+
+
+def bench_inputs_by_drafter(results: Sequence[tuple[str, BenchResult]], k: int | None = None) -> dict[str, SpecInputs]:
+    """:func:`bench_inputs` of each drafter's runs (:attr:`BenchResult.drafter`), in the order first seen."""
+    groups: dict[str, list[tuple[str, BenchResult]]] = {}
+    for path, res in results:
+        groups.setdefault(res.drafter, []).append((path, res))
+    inputs = {}
+    for name, group in groups.items():
+        try:
+            inputs[name] = bench_inputs(group, k)
+        except PlanError as e:
+            if len(groups) == 1:
+                raise
+            raise PlanError(f"drafter {name}: {e}") from None
+    return inputs
 
 
 @dataclass
@@ -339,6 +359,27 @@ def make_plan(log: RequestLog, inputs: SpecInputs, cfg: PlanConfig) -> dict:
     }
 
 
+def plan_by_drafter(log: RequestLog, inputs: dict[str, SpecInputs], cfg: PlanConfig) -> dict:
+    """:func:`make_plan` with the drafter whose recommended policy gives the highest overall speedup, plus
+    ``by_drafter``: every drafter's inputs and overall speedups, the recommended one marked."""
+    plans = {name: make_plan(log, drafter_inputs, cfg) for name, drafter_inputs in inputs.items()}
+    best = max(plans, key=lambda name: plans[name]["speedup"]["recommended_policy"])
+    return plans[best] | {"by_drafter": {name: _drafter_figures(plan, name == best) for name, plan in plans.items()}}
+
+
+def _drafter_figures(plan: dict, recommended: bool) -> dict:
+    inp, sp = plan["inputs"], plan["speedup"]
+    return {
+        "alpha": inp["alpha"],
+        "c": inp["c"],
+        "k": inp["k"],
+        "acceptance_rate": inp["acceptance_rate"],
+        "speedup_recommended_policy": sp["recommended_policy"],
+        "speedup_all_speculate": sp["all_speculate"],
+        "recommended": recommended,
+    }
+
+
 def explicit_inputs(alpha: float, c: float, k: int | None) -> SpecInputs:
     if not 0.0 <= alpha <= 1.0:
         raise PlanError(f"--alpha must be in [0, 1], got {alpha}")
@@ -348,17 +389,23 @@ def explicit_inputs(alpha: float, c: float, k: int | None) -> SpecInputs:
     return SpecInputs(alpha=alpha, c=c, k=k, source="flags", acceptance_rate=model.acceptance_rate(alpha, k))
 
 
-def resolve_inputs(bench_paths: Sequence[Path], cfg: PlanConfig) -> SpecInputs:
-    """Inputs from bench results, with ``--alpha`` / ``--c`` / ``--k`` overriding what they measured."""
+def resolve_inputs(bench_paths: Sequence[Path], cfg: PlanConfig) -> dict[str, SpecInputs]:
+    """Inputs by drafter from bench results, with ``--alpha`` / ``--c`` / ``--k`` overriding what they
+    measured; from the flags alone, one entry (``default``: the server's default_drafter)."""
     if cfg.k is not None and cfg.k < 1:
         raise PlanError(f"--k must be >= 1, got {cfg.k}")
     if not bench_paths:
         if cfg.alpha is None or cfg.c is None:
             raise PlanError("need the measured acceptance and cost ratio: --bench RESULTS.json, or --alpha and --c")
-        return explicit_inputs(cfg.alpha, cfg.c, cfg.k)
+        return {DEFAULT_DRAFTER: explicit_inputs(cfg.alpha, cfg.c, cfg.k)}
     from trtspec.bench.report import load_result
 
-    inputs = bench_inputs([(str(p), load_result(p)) for p in bench_paths], cfg.k)
+    by_drafter = bench_inputs_by_drafter([(str(p), load_result(p)) for p in bench_paths], cfg.k)
+    return {name: _overridden(inputs, cfg) for name, inputs in by_drafter.items()}
+
+
+def _overridden(inputs: SpecInputs, cfg: PlanConfig) -> SpecInputs:
+    """``inputs`` with ``--alpha`` / ``--c`` in place of what bench measured."""
     if cfg.alpha is not None or cfg.c is not None:
         override = explicit_inputs(cfg.alpha if cfg.alpha is not None else inputs.alpha,
                                    cfg.c if cfg.c is not None else inputs.c, inputs.k)

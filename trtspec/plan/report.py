@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 
 from trtspec.bench.doc import Doc, fmt
 from trtspec.bench.plots import to_png
+from trtspec.bench.runner import DEFAULT_DRAFTER
 from trtspec.plan.logs import RequestLog
 from trtspec.plan.policy import write_policies
 
@@ -89,6 +90,29 @@ def load_plot(plan: dict) -> bytes | None:
     return to_png(fig)
 
 
+DRAFTER_HEADERS = ["drafter", "alpha", "c", "k", "acceptance", "speedup (recommended policy)",
+                   "speedup (all speculate)", "recommended"]
+
+
+def compares_drafters(plan: dict) -> bool:
+    """Whether ``plan`` was made from bench runs of several drafters (:func:`~trtspec.plan.plan_by_drafter`)."""
+    return len(plan.get("by_drafter", {})) > 1
+
+
+def drafter_rows(plan: dict) -> list[list]:
+    """One row per drafter of ``plan["by_drafter"]``, under :data:`DRAFTER_HEADERS`."""
+    return [[name, d["alpha"], d["c"], d["k"], f"{d['acceptance_rate']:.1%}", d["speedup_recommended_policy"],
+             d["speedup_all_speculate"], d["recommended"]] for name, d in plan["by_drafter"].items()]
+
+
+def serve_with(plan: dict) -> str:
+    """Which drafter to serve with, and how, when the plan compared several."""
+    name = next(name for name, d in plan["by_drafter"].items() if d["recommended"])
+    if name == DEFAULT_DRAFTER:
+        return "serve with the server's default drafter (the runs that named no drafter)"
+    return f"serve with drafter {name} (requests send drafter={name}, or spec_decode's default_drafter parameter is {name})"
+
+
 def text_summary(plan: dict) -> str:
     lg, th, sp, ld, inp = plan["log"], plan["threshold"], plan["speedup"], plan["load"], plan["inputs"]
     rec = plan["policy"]
@@ -98,6 +122,7 @@ def text_summary(plan: dict) -> str:
         + f", mean prompt {lg['mean_prompt_tokens']:.0f} / output {lg['mean_output_tokens']:.0f} tokens"
         + (f"; {len(lg['bad_rows'])} bad rows skipped" if lg["bad_rows"] else ""),
         f"inputs: alpha {inp['alpha']:.3f}, c {inp['c']:.3f}, k {inp['k']} ({inp['source']})",
+        *_drafter_lines(plan),
         f"load: {fmt(ld['rate_per_gpu'], 3)} req/s per GPU ({ld['rate_source']}), factor {ld['factor']:.3f}"
         + (" (extrapolated beyond the benched rates)" if ld["extrapolated"] else "")
         + (f"; measured speedup falls below 1 at {ld['break_even_rate']:.3g} req/s" if ld["break_even_rate"] else ""),
@@ -117,6 +142,8 @@ def text_summary(plan: dict) -> str:
         where = "every request" if rec.threshold == 0 else f"above {rec.threshold} context tokens"
         lines.append(f"recommendation: speculate {where}, controller {rec.controller} "
                      f"(k {rec.k}), rollout offline_only -> canary 5% -> full")
+    if compares_drafters(plan):
+        lines.append(f"drafter: {serve_with(plan)}")
     roi = plan["roi"]
     if roi:
         money = f", {fmt(roi['saved_per_day'], 2)}/day saved at {roi['gpu_price_per_hour']:g}/GPU-hour" if roi["saved_per_day"] is not None else ""
@@ -125,6 +152,17 @@ def text_summary(plan: dict) -> str:
     else:
         lines.append("ROI: unknown tokens/s per GPU (pass --tokens-per-s or a bench result without errors)")
     return "\n".join(lines)
+
+
+def _drafter_lines(plan: dict) -> list[str]:
+    """The by-drafter table of the text summary; none with a single drafter."""
+    if not compares_drafters(plan):
+        return []
+    lines = ["by drafter  alpha      c   k  acceptance  speedup (recommended policy)  (all speculate)"]
+    for name, alpha, c, k, acc, sp_rec, sp_all, rec in drafter_rows(plan):
+        lines.append(f"{name:<10} {alpha:>6.3f} {c:>6.3f} {k:>3} {acc:>11} {sp_rec:>29.3f} {sp_all:>16.3f}"
+                     + ("  <- recommended" if rec else ""))
+    return lines
 
 
 def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]) -> Doc:
@@ -141,6 +179,12 @@ def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]
     doc.image("Token-length distribution", images["lengths_png"])
     doc.p(f"Above the current threshold ({th['current']} context tokens): {th['share_requests_above_current']:.1%} "
           f"of requests, {th['share_output_tokens_above_current']:.1%} of output tokens.")
+    if compares_drafters(plan):
+        doc.h2("By drafter")
+        doc.p("The bench runs grouped by the drafter their speculating arms sent (trtspec bench --drafter; "
+              "default: none named); each drafter planned with its own alpha, c, k and load points. The plan below "
+              f"is the one with the highest overall speedup under its recommended policy: {serve_with(plan)}.")
+        doc.table(DRAFTER_HEADERS, drafter_rows(plan), digits=3)
     doc.h2("Expected speedup")
     doc.p(f"Leviathan et al. 2023 (Thm 3.8): speedup = (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), with alpha "
           f"{inp['alpha']:.3f}, c {inp['c']:.3f} (effective: verify cost folded in), k {inp['k']} from {inp['source']}; "
