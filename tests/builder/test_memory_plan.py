@@ -91,6 +91,25 @@ def test_split_does_not_depend_on_load_order(sessions: int, context: int) -> Non
     assert trtllm_pools(plan, ("draft", "target")) == planned
 
 
+def test_without_a_draft_the_target_gets_the_whole_budget() -> None:
+    alone = plan_memory(H100, TARGET, None, max_context=8192, max_sessions=64, max_draft_len=5, tokens_per_block=32)
+    pair = plan_memory(H100, TARGET, DRAFT, max_context=8192, max_sessions=64, max_draft_len=5, tokens_per_block=32)
+    assert alone.draft is None and alone.shares == (alone.target,)
+    assert alone.to_dict()["draft"] is None and list(alone.trtllm_settings()) == ["target"]
+    assert alone.tokens_per_sequence == 8224  # the target still verifies k drafted tokens past the context
+    assert alone.target.kv_tokens > pair.target.kv_tokens  # no draft weights, overhead or KV to hold
+    usable = H100.total_bytes - alone.headroom_bytes
+    assert alone.used_bytes <= usable and alone.spare_bytes < 32 * TARGET.kv_bytes_per_token
+    free = H100.total_bytes - TARGET.weight_bytes - TARGET.overhead_bytes
+    assert alone.target.kv_cache_free_gpu_mem_fraction * free >= alone.target.kv_bytes  # the token cap binds
+
+
+def test_a_target_alone_that_does_not_fit_says_so() -> None:
+    small = DeviceMemory("gpu", "T4", 16 * GiB, "test")
+    with pytest.raises(MemoryPlanError, match=r"weights 16.00 GiB \(target\) \+ overhead 1.00 GiB exceed"):
+        plan_memory(small, TARGET, None, max_context=4096, max_sessions=1, max_draft_len=5)
+
+
 def test_a_fraction_alone_would_depend_on_load_order() -> None:
     # The contrast that motivates the token cap: the same 0.45 gives different pools per order.
     plan = plan_memory(H100, TARGET, DRAFT, max_context=8192, max_sessions=64, max_draft_len=5)

@@ -1,4 +1,5 @@
-"""Memory-pool planner: split one device's memory between draft and target.
+"""Memory-pool planner: split one device's memory between draft and target (or give it to a
+target served without a draft model).
 
 Two halves, kept apart so the arithmetic is testable with plain numbers:
 
@@ -13,7 +14,7 @@ come both models' weights and a fixed per-process overhead each (CUDA context
 and workspaces on a GPU, a Python interpreter with torch on CPU). What remains
 is the KV budget. Draft and target hold the same sequences (the draft ``k``
 tokens further at most), so every token slot costs ``kv_target + kv_draft``
-bytes; the budget buys ``tokens`` slots, capped at what ``max_sessions``
+bytes (``kv_target`` alone without a draft model); the budget buys ``tokens`` slots, capped at what ``max_sessions``
 full-context sequences need, and each model's KV pool is ``tokens`` times its
 own bytes per token.
 
@@ -205,13 +206,18 @@ class MemoryPlan:
     requested_sessions: int
     sessions: int  # full-context sequences both pools hold at once
     target: PoolShare
-    draft: PoolShare
+    draft: PoolShare | None  # None: no draft model
     spare_bytes: int  # budget left after the pools (when sessions, not memory, limited them)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def shares(self) -> tuple[PoolShare, ...]:
+        """The pools planned: the target's, then the draft's when there is one."""
+        return (self.target,) if self.draft is None else (self.target, self.draft)
+
+    @property
     def used_bytes(self) -> int:
-        return sum(s.weight_bytes + s.overhead_bytes + s.kv_bytes for s in (self.target, self.draft))
+        return sum(s.weight_bytes + s.overhead_bytes + s.kv_bytes for s in self.shares)
 
     def to_dict(self) -> dict:
         return {
@@ -226,7 +232,7 @@ class MemoryPlan:
             "used_bytes": self.used_bytes,
             "spare_bytes": self.spare_bytes,
             "target": self.target.to_dict(),
-            "draft": self.draft.to_dict(),
+            "draft": self.draft.to_dict() if self.draft else None,
             "notes": list(self.notes),
         }
 
@@ -236,7 +242,7 @@ class MemoryPlan:
                 "kv_cache_free_gpu_mem_fraction": s.kv_cache_free_gpu_mem_fraction,
                 "max_tokens_in_paged_kv_cache": s.max_tokens_in_paged_kv_cache,
             }
-            for s in (self.target, self.draft)
+            for s in self.shares
         }
 
 
@@ -252,14 +258,15 @@ def _fraction_ceil(x: float) -> float:
 def plan_memory(
     device: DeviceMemory,
     target: ModelFootprint,
-    draft: ModelFootprint,
+    draft: ModelFootprint | None,
     max_context: int,
     max_sessions: int,
     max_draft_len: int,
     headroom_fraction: float = DEFAULT_HEADROOM_FRACTION,
     tokens_per_block: int = 1,
 ) -> MemoryPlan:
-    """Split ``device`` between the two models; :class:`MemoryPlanError` when they do not fit."""
+    """Split ``device`` between the two models (``draft`` None: the target alone); :class:`MemoryPlanError`
+    when they do not fit."""
     if not 0.0 <= headroom_fraction < 1.0:
         raise BuildError(f"headroom fraction must be in [0, 1), got {headroom_fraction}")
     if max_context < 2 or max_sessions < 1 or max_draft_len < 0 or tokens_per_block < 1:
@@ -267,22 +274,24 @@ def plan_memory(
     total = device.total_bytes
     headroom = int(total * headroom_fraction)
     usable = total - headroom
-    fixed = target.weight_bytes + draft.weight_bytes + target.overhead_bytes + draft.overhead_bytes
+    models = (target,) if draft is None else (target, draft)
+    fixed = sum(m.weight_bytes + m.overhead_bytes for m in models)
     kv_budget = usable - fixed
     if kv_budget <= 0:
+        weights = " + ".join(f"{_gib(m.weight_bytes)} ({m.role})" for m in models)
         raise MemoryPlanError(
-            f"the models do not fit in {device.name} ({_gib(total)}): weights {_gib(target.weight_bytes)} "
-            f"(target) + {_gib(draft.weight_bytes)} (draft) + overhead {_gib(target.overhead_bytes + draft.overhead_bytes)} "
+            f"the models do not fit in {device.name} ({_gib(total)}): weights {weights} "
+            f"+ overhead {_gib(sum(m.overhead_bytes for m in models))} "
             f"exceed the {_gib(usable)} usable after {headroom_fraction:.0%} headroom"
         )
     per_seq = math.ceil((max_context + max_draft_len) / tokens_per_block) * tokens_per_block
-    per_token = target.kv_bytes_per_token + draft.kv_bytes_per_token
+    per_token = sum(m.kv_bytes_per_token for m in models)
     if per_token <= 0:
         raise BuildError("KV bytes per token must be positive")
     if per_seq * per_token > kv_budget:
         raise MemoryPlanError(
             f"not even one sequence fits in {device.name} ({_gib(total)}): a {max_context}-token context needs "
-            f"{_gib(per_seq * per_token)} of KV cache (target + draft), only {_gib(kv_budget)} remain after "
+            f"{_gib(per_seq * per_token)} of KV cache ({' + '.join(m.role for m in models)}), only {_gib(kv_budget)} remain after "
             f"weights and overhead; lower --max-context or use a smaller model"
         )
     affordable = (kv_budget // per_token) // tokens_per_block * tokens_per_block
@@ -292,11 +301,12 @@ def plan_memory(
     notes: list[str] = []
     if sessions < max_sessions:
         notes.append(f"memory holds {sessions} full-context sessions, fewer than the {max_sessions} asked for")
-    kv_t, kv_d = tokens * target.kv_bytes_per_token, tokens * draft.kv_bytes_per_token
+    kv_all = tokens * per_token
 
-    def share(m: ModelFootprint, kv_m: int, kv_other: int) -> PoolShare:
+    def share(m: ModelFootprint) -> PoolShare:
         # Worst case for m: it loads last, the other model already holds its whole pool.
-        free_when_last = total - fixed - kv_other
+        kv_m = tokens * m.kv_bytes_per_token
+        free_when_last = total - fixed - (kv_all - kv_m)
         fraction = _fraction_ceil(kv_m / free_when_last)
         if fraction > _FRACTION_CEILING:
             raise MemoryPlanError(
@@ -323,9 +333,9 @@ def plan_memory(
         tokens_per_sequence=per_seq,
         requested_sessions=max_sessions,
         sessions=sessions,
-        target=share(target, kv_t, kv_d),
-        draft=share(draft, kv_d, kv_t),
-        spare_bytes=kv_budget - kv_t - kv_d,
+        target=share(target),
+        draft=share(draft) if draft is not None else None,
+        spare_bytes=kv_budget - kv_all,
         notes=tuple(notes),
     )
 
