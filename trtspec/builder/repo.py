@@ -54,6 +54,12 @@ def model_py(module: str) -> str:
     )
 
 
+def default_drafter_for(has_draft: bool) -> str:
+    """``spec_decode``'s ``default_drafter`` unless told otherwise: the draft model when one is
+    deployed; without one, prompt lookup (``ngram``: it needs none)."""
+    return (DrafterKind.MODEL if has_draft else DrafterKind.NGRAM).value
+
+
 def spec_decode_config(
     *,
     tokenizer_dir: str,
@@ -71,8 +77,7 @@ def spec_decode_config(
     ``draft_length``, ``model_backend``, ...). ``parameters``: further parameters as strings,
     written as given (the model checks them at load).
     """
-    # without a draft model, requests that name no drafter get prompt lookup (it needs none)
-    fields.setdefault("default_drafter", (DrafterKind.MODEL if draft_max_context else DrafterKind.NGRAM).value)
+    fields.setdefault("default_drafter", default_drafter_for(bool(draft_max_context)))
     params = SpecDecodeParams(
         tokenizer_dir=tokenizer_dir,
         vocab_size=vocab_size,
@@ -198,6 +203,7 @@ def write_model_repo(
     max_context: int | None = None,
     max_sessions: int = LMParams.max_sessions,
     draft_length: int = SpecDecodeParams.draft_length,
+    default_drafter: str | None = None,
     max_concurrency: int = SpecDecodeParams.max_concurrency,
     apply_chat_template: bool = True,
     device: str = "auto",
@@ -228,6 +234,8 @@ def write_model_repo(
         max_context: cap on tokens per sequence (default: each checkpoint's own).
         max_sessions: KV caches each of draft/target keeps before evicting LRU.
         draft_length: ``k``, tokens drafted per iteration (until the control plane decides).
+        default_drafter: what drafts for requests that name no drafter (model | ngram | suffix |
+            auto); None: :func:`default_drafter_for` (the model with a draft, ngram without).
         max_concurrency: requests ``spec_decode`` decodes at once.
         apply_chat_template: wrap ``text_input`` in the tokenizer's chat template.
         device: auto | cpu | cuda[:N] for the torch runtimes.
@@ -285,6 +293,7 @@ def write_model_repo(
             draft_max_context=draft_ctx,
             max_tokens_limit=max_tokens_limit,
             draft_length=draft_length,
+            default_drafter=default_drafter or default_drafter_for(draft_dir is not None),
             max_concurrency=max_concurrency,
             apply_chat_template=apply_chat_template,
             warmup=warmup,

@@ -25,13 +25,13 @@ class CompatReport:
     vocab_size: int
     tokenizer_fingerprint: str
     target_max_context: int
-    draft_max_context: int
+    draft_max_context: int | None  # None: no draft model
     probes_checked: int
 
     @property
     def max_context(self) -> int:
-        """Speculation runs while the sequence fits both models."""
-        return min(self.target_max_context, self.draft_max_context)
+        """Speculation runs while the sequence fits both models (the target's alone without a draft)."""
+        return min(self.target_max_context, self.draft_max_context or self.target_max_context)
 
     def to_dict(self) -> dict:
         return {
@@ -86,4 +86,15 @@ def check_compatible(
         target_max_context=target_max_context,
         draft_max_context=draft_max_context,
         probes_checked=len(PROBES),
+    )
+
+
+def target_facts(target_tok: Tokenizer, target_vocab: int, target_max_context: int) -> CompatReport:
+    """The report of a target served without a draft model: its own facts, nothing compared."""
+    return CompatReport(
+        vocab_size=target_vocab,
+        tokenizer_fingerprint=target_tok.fingerprint(),
+        target_max_context=target_max_context,
+        draft_max_context=None,
+        probes_checked=0,
     )
