@@ -13,7 +13,7 @@ from trtspec.builder.quantize import ProbeSettings
 FAST_PROBE = ProbeSettings(num_prompts=2, max_new_tokens=12)
 
 
-def _options(target: Path, draft: Path, root: Path, **overrides) -> BuildOptions:
+def _options(target: Path, draft: Path | None, root: Path, **overrides) -> BuildOptions:
     base = dict(
         target=target,
         draft=draft,
@@ -29,7 +29,8 @@ def _options(target: Path, draft: Path, root: Path, **overrides) -> BuildOptions
 
 @pytest.fixture(scope="session")
 def tiny_options(tiny_target: Path, tiny_draft: Path) -> Callable[..., BuildOptions]:
-    """``tiny_options(root, **overrides)``: build options for the tiny pair, writing under ``root``."""
+    """``tiny_options(root, **overrides)``: build options for the tiny pair, writing under ``root``
+    (``draft=None``: the tiny target alone)."""
     return lambda root, **overrides: _options(
         overrides.pop("target", tiny_target), overrides.pop("draft", tiny_draft), root, **overrides
     )
@@ -40,3 +41,10 @@ def tiny_build(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.Tem
     """Read-only: tests that rebuild or tamper make their own."""
     root = tmp_path_factory.mktemp("tiny_build")
     return run_build(_options(tiny_target, tiny_draft, root))
+
+
+@pytest.fixture(scope="session")
+def tiny_target_build(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
+    """Read-only: the tiny target built without a draft model."""
+    root = tmp_path_factory.mktemp("tiny_target_build")
+    return run_build(_options(tiny_target, None, root))

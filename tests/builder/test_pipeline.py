@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
-from trtspec.builder.manifest import sha256_file
+from trtspec.builder.manifest import sha256_file, verify_engines
 from trtspec.builder.memory import GiB
 from trtspec.builder.pipeline import STEPS, BuildResult, StepEvent, run_build
 from trtspec.builder.quantize import ProbeSettings
@@ -25,12 +26,23 @@ def snapshot(*roots: Path) -> dict[str, tuple[str, int]]:
     }
 
 
-def repo_params(repo: Path, model: str) -> dict[str, str]:
+def model_config(repo: Path, model: str):
+    """``repo/model/config.pbtxt``, parsed by Triton's own schema."""
     pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
     from google.protobuf import text_format
 
-    cfg = text_format.Parse((repo / model / "config.pbtxt").read_text(), pb2.ModelConfig())
-    return {k: v.string_value for k, v in cfg.parameters.items()}
+    return text_format.Parse((repo / model / "config.pbtxt").read_text(), pb2.ModelConfig())
+
+
+def triton_config(repo: Path, model: str) -> dict:
+    """The config in the JSON form Triton hands to a model's ``initialize``."""
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(model_config(repo, model), preserving_proto_field_name=True)
+
+
+def repo_params(repo: Path, model: str) -> dict[str, str]:
+    return {k: v.string_value for k, v in model_config(repo, model).parameters.items()}
 
 
 def test_layout(tiny_build: BuildResult) -> None:
@@ -56,6 +68,8 @@ def test_model_repo_is_filled_from_the_build(tiny_build: BuildResult) -> None:
     assert target["max_context"] == "256"
     assert spec["manifest_file"] == str(e / "manifest.json")
     assert spec["draft_length"] == "5"
+    assert spec["draft_model"] == "draft" and spec["default_drafter"] == "model"
+    assert tiny_build.has_draft and tiny_build.default_drafter == "model"
 
 
 def test_int8_figures(tiny_build: BuildResult) -> None:
@@ -124,6 +138,74 @@ def test_draft_without_quantization(tiny_options, tiny_draft: Path, tmp_path: Pa
     assert r.manifest.models["draft"].precision == "fp32"
     assert sha256_file(r.engine_dir / "draft" / "model.safetensors") == sha256_file(tiny_draft / "model.safetensors")
     assert load_model(r.engine_dir / "draft").precision == "fp32"
+
+
+def test_a_build_without_a_draft_serves_the_target_alone(tiny_target_build: BuildResult) -> None:
+    r, repo = tiny_target_build, tiny_target_build.model_repo
+    assert repo is not None
+    assert sorted(p.name for p in r.engine_dir.iterdir()) == ["manifest.json", "target"]
+    assert sorted(p.name for p in repo.iterdir()) == ["spec_decode", "target"]
+    quantize = {s.name: s for s in r.steps}["quantize"]
+    assert quantize.status == "skipped" and quantize.detail == "no draft model: nothing to quantize, no acceptance probe"
+    assert r.quantization is None and not r.has_draft and r.default_drafter == "ngram"
+    spec = repo_params(repo, "spec_decode")
+    assert spec["default_drafter"] == "ngram" and spec["draft_model"] == "" and spec["draft_max_context"] == "0"
+    assert spec["draft_length"] == "5"  # k of the free drafters
+    m = r.manifest
+    assert set(m.models) == {"target"} and m.quantization.draft is None and m.quantization.report is None
+    assert m.build_options["draft_quant"] is None and m.build_options["default_drafter"] == "ngram"
+    assert r.memory_plan.draft is None and m.memory_plan["draft"] is None
+    assert r.memory_plan.tokens_per_sequence == 256 + 5
+    assert verify_engines(r.engine_dir, "torch") == m  # the check spec_decode makes at load
+
+
+def test_the_repository_without_a_draft_answers_with_ngram_drafting(tiny_target_build: BuildResult) -> None:
+    """The built configs, loaded as Triton would load them (spec_decode checks the manifest at load)."""
+    from trtspec.serving.triton import lm, spec_decode
+    from trtspec.testing.fake_triton import FakeTriton, final_value, run_batch
+
+    repo = tiny_target_build.model_repo
+    assert repo is not None
+    pb = FakeTriton()
+    pb.add_model("target", lm.TritonPythonModel(pb), triton_config(repo, "target"))
+    pb.add_model("spec_decode", spec_decode.TritonPythonModel(pb), triton_config(repo, "spec_decode"))
+    ask = {"text_input": "The quick brown fox. The quick brown fox", "max_tokens": 120}
+    try:
+        (ngram,) = run_batch(pb, [ask])  # the deployment's default drafter: ngram
+        (alone,) = run_batch(pb, [{**ask, "speculation": "off"}])
+        assert ngram.error is None and alone.error is None
+        assert final_value(ngram, "num_draft_tokens") > 0 and final_value(alone, "num_draft_tokens") == 0
+        assert list(final_value(ngram, "output_ids")) == list(final_value(alone, "output_ids"))
+    finally:
+        pb.finalize()
+
+
+def test_dropping_the_draft_removes_its_artefacts(tiny_options, tmp_path: Path) -> None:
+    no_probe = ProbeSettings(num_prompts=0)
+    run_build(tiny_options(tmp_path, probe=no_probe))
+    engines, repo = tmp_path / "engines" / "tiny", tmp_path / "model_repo"
+    assert (engines / "draft").is_dir() and (repo / "draft").is_dir()
+    alone = run_build(tiny_options(tmp_path, draft=None, probe=no_probe))
+    assert not alone.reused and not (engines / "draft").exists() and not (repo / "draft").exists()
+    assert not [f.path for f in alone.manifest.files if f.path.startswith("draft/")]
+    assert run_build(tiny_options(tmp_path, draft=None, probe=no_probe)).reused
+
+
+def test_default_drafter_is_written_and_model_needs_a_draft(tiny_options, tmp_path: Path) -> None:
+    suffix = run_build(tiny_options(tmp_path, draft=None, default_drafter="suffix"))
+    assert suffix.model_repo is not None and repo_params(suffix.model_repo, "spec_decode")["default_drafter"] == "suffix"
+    assert suffix.default_drafter == suffix.manifest.build_options["default_drafter"] == "suffix"
+    auto = run_build(tiny_options(tmp_path, draft=None, default_drafter="auto"))
+    assert any("auto_free" in n for n in auto.notes)  # auto without a draft model: its free drafter alone
+    for overrides, message in (
+        (dict(default_drafter="model"),
+         "--default-drafter model needs a draft model: pass --draft, or choose ngram, suffix or auto"),
+        (dict(backend="trtllm", dry_run=True), "--backend trtllm needs --draft"),
+        (dict(default_drafter="lookup"), "--default-drafter must be one of model, ngram, suffix, auto"),
+    ):
+        with pytest.raises(BuildError, match="^" + re.escape(message)):
+            run_build(tiny_options(tmp_path / "refused", draft=None, **overrides))
+    assert not (tmp_path / "refused").exists()
 
 
 def test_incompatible_pair_is_refused_before_anything_is_written(

@@ -84,7 +84,7 @@ class ModelEntry(BaseModel):
 class Quantization(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    draft: dict  # the scheme (method, granularity, symmetric, ...) or {"method": "none"}
+    draft: dict | None  # the scheme (method, granularity, symmetric, ...) or {"method": "none"}; None: no draft model
     report: dict | None = None  # weight bytes and acceptance before/after (QuantReport.to_dict())
 
 

@@ -1,5 +1,10 @@
 """``trtspec build``: check -> quantize -> compile -> memory plan -> manifest -> model repo.
 
+Without a draft checkpoint the build serves the target alone: nothing to
+quantize or probe, a memory plan and manifest of the target only, and
+``spec_decode`` drafting with a free drafter (n-gram or suffix lookups in the
+request's text, no model call).
+
 Each step reports through a :data:`Progress` callback (the CLI draws it; the
 library prints nothing). Re-running is idempotent: the inputs (source files,
 the options that shape the engines, the versions) are hashed into the
@@ -59,12 +64,12 @@ from trtspec.builder.quantize import (
     measure_quantization,
     write_int8_checkpoint,
 )
-from trtspec.builder.repo import write_model_repo
+from trtspec.builder.repo import default_drafter_for, write_model_repo
 from trtspec.errors import TrtspecError
-from trtspec.runtime.compat import CompatReport, check_compatible
+from trtspec.runtime.compat import CompatReport, check_compatible, target_facts
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.loader import checkpoint_precision, read_config, resolve_checkpoint, resolve_device
-from trtspec.wire import SPEC_DECODE, SpecDecodeParams
+from trtspec.wire import DRAFTERS, SPEC_DECODE, SpecDecodeParams
 
 STEPS = ("check", "quantize", "compile", "memory", "manifest", "model_repo")
 STEP_TITLES = {
@@ -91,14 +96,15 @@ Progress = Callable[[StepEvent], None]
 @dataclass(frozen=True)
 class BuildOptions:
     target: Path
-    draft: Path
+    draft: Path | None = None  # None: the target alone, speculating with the free drafters
     name: str | None = None  # engines/<name>; default: the target directory's name
     engines_dir: Path = Path("engines")
     model_repo: Path | None = Path("model_repo")  # None: do not write one
     model_name: str = SPEC_DECODE  # the name spec_decode is served under
     backend: Literal["torch", "trtllm"] = "torch"
     draft_quant: Literal["int8", "none"] = "int8"
-    max_draft_len: int = SpecDecodeParams.draft_length
+    max_draft_len: int = SpecDecodeParams.draft_length  # k, for the free drafters too
+    default_drafter: str | None = None  # model | ngram | suffix | auto; None: default_drafter_for(a draft given)
     policy_file: Path | None = None
     max_context: int | None = None  # default: what both models support
     max_sessions: int = 8  # concurrent sequences the pools are sized for (TensorRT-LLM: max batch size)
@@ -109,9 +115,26 @@ class BuildOptions:
     dry_run: bool = False  # check, measure and plan; write nothing (TensorRT-LLM: print the commands and configs)
     force: bool = False  # rebuild even when the inputs are unchanged
 
+    @property
+    def drafter(self) -> str:
+        """What drafts for served requests that name no drafter."""
+        return self.default_drafter or default_drafter_for(self.draft is not None)
+
+    @property
+    def applied_draft_quant(self) -> str | None:
+        """``draft_quant``, or None without a draft model (nothing to quantize)."""
+        return self.draft_quant if self.draft is not None else None
+
     def validate(self) -> None:
         if self.backend not in ("torch", "trtllm"):
             raise BuildError(f"backend must be torch or trtllm, got {self.backend!r}")
+        if self.default_drafter is not None and self.default_drafter not in DRAFTERS:
+            raise BuildError(f"--default-drafter must be one of {', '.join(DRAFTERS)}, got {self.default_drafter!r}")
+        if self.draft is None and self.backend == "trtllm":
+            raise BuildError("--backend trtllm needs --draft: a repository without a draft model is built "
+                             "for the torch backend only")
+        if self.draft is None and self.default_drafter == "model":
+            raise BuildError("--default-drafter model needs a draft model: pass --draft, or choose ngram, suffix or auto")
         if self.draft_quant not in ("int8", "none"):
             raise BuildError(f"--draft-quant must be int8 or none, got {self.draft_quant!r}")
         if not 1 <= self.max_draft_len <= 64:
@@ -151,11 +174,16 @@ class BuildResult:
     compat: CompatReport
     quantization: QuantReport | None
     memory_plan: MemoryPlan
+    default_drafter: str  # what drafts for served requests that name no drafter
     reused: bool  # quantize and compile skipped: the inputs had not changed
     steps: list[StepRecord]
     trtllm_commands: list[list[str]] = field(default_factory=list)
     trtllm_configs: dict[str, str] = field(default_factory=dict)  # model name -> config.pbtxt
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_draft(self) -> bool:
+        return self.memory_plan.draft is not None
 
     def to_dict(self) -> dict:
         d = {
@@ -166,6 +194,8 @@ class BuildResult:
             "engine_dir": str(self.engine_dir),
             "model_repo": str(self.model_repo) if self.model_repo else None,
             "manifest_path": str(self.manifest_path),
+            "draft_model": self.has_draft,
+            "default_drafter": self.default_drafter,
             "steps": [s.to_dict() for s in self.steps],
             "compat": self.compat.to_dict(),
             "quantization": self.quantization.to_dict() if self.quantization else None,
@@ -317,7 +347,7 @@ class _Ctx:
     hashes: _Hashes
     notes: list[str]
     target: _Side
-    draft: _Side
+    draft: _Side | None  # None: no draft model
     compat: CompatReport
     max_context: int
     plan: MemoryPlan
@@ -331,7 +361,7 @@ class _Ctx:
 
     @property
     def int8(self) -> bool:
-        return self.opts.draft_quant == "int8"
+        return self.opts.applied_draft_quant == "int8"
 
     @property
     def manifest_path(self) -> Path:
@@ -342,13 +372,14 @@ class _Ctx:
 
 
 def run_build(opts: BuildOptions, progress: Progress | None = None) -> BuildResult:
-    """Build engines, manifest and model repository for one draft/target pair."""
+    """Build engines, manifest and model repository for one draft/target pair (or a target alone)."""
     opts.validate()
     rep = _Reporter(progress)
     with rep.step("check") as rec:
         ctx = _check(opts, rep)
         rec.detail = (f"vocab {ctx.compat.vocab_size}, tokenizer {ctx.compat.tokenizer_fingerprint}, "
-                      f"max context {ctx.max_context}" + ("; inputs unchanged since the last build" if ctx.prev else ""))
+                      f"max context {ctx.max_context}" + ("" if ctx.draft else "; no draft model: the target alone")
+                      + ("; inputs unchanged since the last build" if ctx.prev else ""))
     quant = _quantize(ctx)
     specs = _engine_specs(ctx)
     commands = [c for s in specs for c in (trtllm.convert_command(s), trtllm.build_command(s))]
@@ -357,8 +388,7 @@ def run_build(opts: BuildOptions, progress: Progress | None = None) -> BuildResu
         plan, dev = ctx.plan, ctx.plan.device
         rep.info("memory", f"{dev.name}: {dev.total_bytes / (1 << 30):.2f} GiB ({dev.source})")
         rec.detail = (f"{plan.sessions} sessions x {plan.tokens_per_sequence} tokens; "
-                      f"target KV {plan.target.kv_bytes / (1 << 20):.1f} MiB, "
-                      f"draft KV {plan.draft.kv_bytes / (1 << 20):.1f} MiB")
+                      + ", ".join(f"{s.role} KV {s.kv_bytes / (1 << 20):.1f} MiB" for s in plan.shares))
     manifest = _manifest(ctx, quant, commands)
     trt_models = _trtllm_models(ctx)
     _model_repo(ctx, trt_models)
@@ -373,6 +403,7 @@ def run_build(opts: BuildOptions, progress: Progress | None = None) -> BuildResu
         compat=ctx.compat,
         quantization=quant,
         memory_plan=ctx.plan,
+        default_drafter=opts.drafter,
         reused=ctx.prev is not None,
         steps=rep.records,
         trtllm_commands=commands,
@@ -385,19 +416,9 @@ def _check(opts: BuildOptions, rep: _Reporter) -> _Ctx:
     """Step 1: the pair fits together (and in memory), the options make sense, the tools are there."""
     say = rep.say("check")
     notes: list[str] = []
-    hashes = _Hashes()
-    target_dir = resolve_checkpoint(opts.target, say)
-    draft_dir = resolve_checkpoint(opts.draft, say)
-    t_cfg, d_cfg = read_config(target_dir), read_config(draft_dir)
-    say("comparing tokenizers, vocabularies and special tokens")
-    compat = check_compatible(
-        Tokenizer.from_dir(target_dir),
-        Tokenizer.from_dir(draft_dir),
-        int(t_cfg["vocab_size"]),
-        int(d_cfg["vocab_size"]),
-        int(t_cfg.get("max_position_embeddings", 2048)),
-        int(d_cfg.get("max_position_embeddings", 2048)),
-    )
+    device = resolve_device("auto") if opts.backend == "torch" else "cuda"
+    target, draft = _sides(opts, device, say, notes)
+    compat = _compat(target, draft, say)
     max_context = min(compat.max_context, opts.max_context or compat.max_context)
     if opts.policy_file is not None:
         _validate_policy(opts.policy_file)
@@ -405,31 +426,78 @@ def _check(opts: BuildOptions, rep: _Reporter) -> _Ctx:
     if opts.backend == "trtllm":
         # Fail early, before anything is written; a dry run only prints.
         trt_version = trtllm.trtllm_version() if opts.dry_run else trtllm.require_trtllm()
-    device = resolve_device("auto") if opts.backend == "torch" else "cuda"
-    t_prec, d_prec = _precisions(opts, t_cfg, target_dir, d_cfg, draft_dir, device, notes)
-    target = _Side("target", target_dir, t_cfg, (t_cfg.get("architectures") or ["unknown"])[0], t_prec)
-    draft = _Side("draft", draft_dir, d_cfg, (d_cfg.get("architectures") or ["unknown"])[0], d_prec)
-
+    if draft is None and opts.drafter == "auto":
+        notes.append("no draft model: requests drafted by auto draft with the policy's free drafter "
+                     "(drafters.auto_free) alone")
     say("planning the memory pools")
+    plan = _plan(opts, device, target, draft, max_context, notes)
+    name = opts.name or _default_name(target.src)
+    engine_dir = opts.engines_dir / name
+    hashes = _Hashes()
+    inputs = _inputs(opts, hashes, target, draft, max_context)
+    inputs_sha256 = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    prev = None if (opts.force or opts.dry_run) else _reusable(engine_dir / MANIFEST_FILE, engine_dir, inputs_sha256)
+    return _Ctx(opts, rep, hashes, notes, target, draft, compat, max_context, plan, name, engine_dir,
+                inputs, inputs_sha256, prev, trt_version, device)
+
+
+def _sides(opts: BuildOptions, device: str, say: Callable[[str], None], notes: list[str]) -> tuple[_Side, _Side | None]:
+    """Target and draft (None without one) as the server will run them."""
+    t_dir = resolve_checkpoint(opts.target, say)
+    t_cfg = read_config(t_dir)
+    target = _side("target", t_dir, t_cfg, _target_precision(opts, t_cfg, t_dir, device))
+    if opts.draft is None:
+        return target, None
+    d_dir = resolve_checkpoint(opts.draft, say)
+    d_cfg = read_config(d_dir)
+    return target, _side("draft", d_dir, d_cfg, _draft_precision(opts, d_cfg, d_dir, device, notes))
+
+
+def _side(role: str, src: Path, cfg: dict, precision: str) -> _Side:
+    return _Side(role, src, cfg, (cfg.get("architectures") or ["unknown"])[0], precision)
+
+
+def _compat(target: _Side, draft: _Side | None, say: Callable[[str], None]) -> CompatReport:
+    """The draft can speculate for the target; without a draft, the target's own facts."""
+    t_tok, t_vocab, t_ctx = Tokenizer.from_dir(target.src), int(target.cfg["vocab_size"]), _context_window(target.cfg)
+    if draft is None:
+        say("reading the target's tokenizer (no draft model to compare it with)")
+        return target_facts(t_tok, t_vocab, t_ctx)
+    say("comparing tokenizers, vocabularies and special tokens")
+    return check_compatible(t_tok, Tokenizer.from_dir(draft.src), t_vocab, int(draft.cfg["vocab_size"]), t_ctx,
+                            _context_window(draft.cfg))
+
+
+def _context_window(cfg: dict) -> int:
+    return int(cfg.get("max_position_embeddings", 2048))
+
+
+def _plan(
+    opts: BuildOptions, device: str, target: _Side, draft: _Side | None, max_context: int, notes: list[str]
+) -> MemoryPlan:
     dev = _device_memory(opts, device)
     if opts.backend == "torch":
-        t_fp, d_fp = _torch_footprint(target, dev.kind), _torch_footprint(draft, dev.kind)
+        t_fp = _torch_footprint(target, dev.kind)
+        d_fp = _torch_footprint(draft, dev.kind) if draft is not None else None
     else:
+        assert draft is not None  # validate(): a TensorRT-LLM build has a draft
         t_fp, d_fp = _trtllm_footprint(target, int8=False), _trtllm_footprint(draft, int8=opts.draft_quant == "int8")
         notes.append("TensorRT-LLM weight bytes are estimated from the checkpoints (bf16; W8A16 keeps "
                      "the embedding and LM head in 16 bits)")
     plan = plan_memory(dev, t_fp, d_fp, max_context, opts.max_sessions, opts.max_draft_len,
                        opts.headroom_fraction, TRTLLM_TOKENS_PER_BLOCK if opts.backend == "trtllm" else 1)
     notes += plan.notes
+    return plan
 
-    name = opts.name or _default_name(target_dir)
-    engine_dir = opts.engines_dir / name
+
+def _inputs(opts: BuildOptions, hashes: _Hashes, target: _Side, draft: _Side | None, max_context: int) -> dict:
+    """What shapes the engines: equal inputs, nothing to rebuild."""
     versions = Versions.current()
-    inputs = {
-        "target": hashes.directory(target_dir),
-        "draft": hashes.directory(draft_dir),
+    return {
+        "target": hashes.directory(target.src),
+        "draft": hashes.directory(draft.src) if draft is not None else None,
         "backend": opts.backend,
-        "draft_quant": opts.draft_quant,
+        "draft_quant": opts.applied_draft_quant,
         "max_draft_len": opts.max_draft_len,
         "max_context": max_context,
         "max_sessions": opts.max_sessions,
@@ -437,33 +505,39 @@ def _check(opts: BuildOptions, rep: _Reporter) -> _Ctx:
                   "prompts": hashes.file(opts.probe.prompts_file) if opts.probe.prompts_file else "packaged"},
         "versions": {"trtspec": versions.trtspec, "torch": versions.torch, "tensorrt_llm": versions.tensorrt_llm},
     }
-    inputs_sha256 = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    prev = None if (opts.force or opts.dry_run) else _reusable(engine_dir / MANIFEST_FILE, engine_dir, inputs_sha256)
-    return _Ctx(opts, rep, hashes, notes, target, draft, compat, max_context, plan, name, engine_dir,
-                inputs, inputs_sha256, prev, trt_version, device)
 
 
-def _precisions(
-    opts: BuildOptions, t_cfg: dict, t_dir: Path, d_cfg: dict, d_dir: Path, device: str, notes: list[str]
-) -> tuple[str, str]:
-    """What the server will run target and draft at."""
+def _float_precision(device: str) -> str:
+    return "fp32" if device == "cpu" else "bf16"  # the torch runtime's "auto"
+
+
+def _target_precision(opts: BuildOptions, cfg: dict, src: Path, device: str) -> str:
+    """What the server will run the target at."""
+    if opts.backend == "trtllm":
+        return trtllm.ENGINE_DTYPE
+    return checkpoint_precision(cfg, src) or _float_precision(device)
+
+
+def _draft_precision(opts: BuildOptions, cfg: dict, src: Path, device: str, notes: list[str]) -> str:
+    """What the server will run the draft at."""
     int8 = opts.draft_quant == "int8"
     if opts.backend == "trtllm":
-        return trtllm.ENGINE_DTYPE, ("w8a16" if int8 else trtllm.ENGINE_DTYPE)
-    float_prec = "fp32" if device == "cpu" else "bf16"  # the torch runtime's "auto"
-    target = checkpoint_precision(t_cfg, t_dir) or float_prec
+        return "w8a16" if int8 else trtllm.ENGINE_DTYPE
     if not int8:
-        return target, checkpoint_precision(d_cfg, d_dir) or float_prec
+        return checkpoint_precision(cfg, src) or _float_precision(device)
     if device != "cpu":
         notes.append("the torch runtime runs int8 weights on CPU only; on CUDA the int8 draft is dequantized "
                      "to bf16 at load (use --backend trtllm for W8A16 on a GPU)")
-        return target, "bf16"
-    return target, "int8"
+        return "bf16"
+    return "int8"
 
 
 def _quantize(ctx: _Ctx) -> QuantReport | None:
     """Step 2: write the int8 draft (torch backend) and measure what INT8 costs."""
     rep, opts = ctx.rep, ctx.opts
+    if ctx.draft is None:
+        rep.skip("quantize", "no draft model: nothing to quantize, no acceptance probe")
+        return None
     if not ctx.int8:
         rep.skip("quantize", "--draft-quant none: the draft is used as it is")
         return None
@@ -489,6 +563,7 @@ def _quantize(ctx: _Ctx) -> QuantReport | None:
 def _engine_specs(ctx: _Ctx) -> tuple[trtllm.EngineSpec, ...]:
     if ctx.opts.backend != "trtllm":
         return ()
+    assert ctx.draft is not None  # validate(): a TensorRT-LLM build has a draft
     return trtllm.engine_specs(
         target_dir=ctx.target.src, draft_dir=ctx.draft.src, target_arch=ctx.target.arch, draft_arch=ctx.draft.arch,
         engine_root=ctx.engine_dir, work_dir=ctx.engine_dir / WORK_DIR, draft_int8=ctx.int8,
@@ -508,11 +583,14 @@ def _compile(ctx: _Ctx, specs: tuple[trtllm.EngineSpec, ...]) -> None:
             rec.status = "dry-run"
             rec.detail = f"{2 * len(specs)} commands (not run)" if specs else "nothing written (dry run)"
         elif opts.backend == "torch":
-            for stale in ("tokenizer", WORK_DIR):  # left by an earlier TensorRT-LLM build of this name
-                shutil.rmtree(engine_dir / stale, ignore_errors=True)
+            stale = ["tokenizer", WORK_DIR]  # left by an earlier TensorRT-LLM build of this name
+            if ctx.draft is None:
+                stale.append("draft")  # left by an earlier build with a draft
+            for sub in stale:
+                shutil.rmtree(engine_dir / sub, ignore_errors=True)
             say("copying the target's runtime artefacts")
             n = _sync_dir(_checkpoint_files(ctx.target.src), engine_dir / "target")
-            if not ctx.int8:
+            if ctx.draft is not None and not ctx.int8:
                 say("copying the draft's runtime artefacts")
                 n += _sync_dir(_checkpoint_files(ctx.draft.src), engine_dir / "draft")
             rec.detail = f"torch runtime artefacts in {engine_dir} ({n} files copied)"
@@ -541,10 +619,12 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
                 kv_bytes_per_token=share.kv_bytes_per_token, max_context=ctx.max_context,
             )
             for side, share, given in ((ctx.target, plan.target, opts.target), (ctx.draft, plan.draft, opts.draft))
+            if side is not None and share is not None
         }
         build_options = {
             "backend": opts.backend,
-            "draft_quant": opts.draft_quant,
+            "draft_quant": opts.applied_draft_quant,
+            "default_drafter": opts.drafter,
             "max_draft_len": opts.max_draft_len,
             "max_context": ctx.max_context,
             "max_sessions": opts.max_sessions,
@@ -577,7 +657,7 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
             vocab_size=ctx.compat.vocab_size,
             tokenizer_fingerprint=ctx.compat.tokenizer_fingerprint,
             quantization=Quantization(
-                draft=dict(INT8_SPEC) if ctx.int8 else {"method": "none"},
+                draft=_draft_scheme(ctx),
                 report=quant.to_dict() if quant else None,
             ),
             models=models,
@@ -595,6 +675,13 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
     return manifest
 
 
+def _draft_scheme(ctx: _Ctx) -> dict | None:
+    """The draft's quantization as the manifest records it; None without a draft model."""
+    if ctx.draft is None:
+        return None
+    return dict(INT8_SPEC) if ctx.int8 else {"method": "none"}
+
+
 def _trtllm_models(ctx: _Ctx) -> list[trtllm.TrtllmModelConfig]:
     if ctx.opts.backend != "trtllm":
         return []
@@ -607,7 +694,7 @@ def _trtllm_models(ctx: _Ctx) -> list[trtllm.TrtllmModelConfig]:
             kv_cache_free_gpu_mem_fraction=share.kv_cache_free_gpu_mem_fraction,
             max_tokens_in_paged_kv_cache=share.max_tokens_in_paged_kv_cache,
         )
-        for share in (ctx.plan.target, ctx.plan.draft)
+        for share in ctx.plan.shares
     ]
 
 
@@ -635,6 +722,7 @@ def _model_repo(ctx: _Ctx, trt_models: list[trtllm.TrtllmModelConfig]) -> None:
                 max_tokens_limit=opts.max_tokens_limit,
                 max_context=ctx.max_context,
                 draft_length=opts.max_draft_len,
+                default_drafter=opts.drafter,
                 policy_file=opts.policy_file.resolve() if opts.policy_file else None,
                 manifest_file=ctx.manifest_path.resolve(),
                 model_backend="tensorrtllm",
@@ -642,24 +730,26 @@ def _model_repo(ctx: _Ctx, trt_models: list[trtllm.TrtllmModelConfig]) -> None:
             )
             rec.detail = f"spec_decode + tensorrtllm configs for target and draft in {repo}"
             return
-        rep.info("model_repo", "writing spec_decode, target and draft")
+        models = ", ".join([opts.model_name, *(s.role for s in ctx.plan.shares)])
+        rep.info("model_repo", f"writing {models}")
         write_model_repo(
             repo,
             target_checkpoint=(ctx.engine_dir / "target").resolve(),
-            draft_checkpoint=(ctx.engine_dir / "draft").resolve(),
+            draft_checkpoint=(ctx.engine_dir / "draft").resolve() if ctx.draft else None,
             target_precision=ctx.target.precision,
-            draft_precision=ctx.draft.precision,
+            draft_precision=ctx.draft.precision if ctx.draft else "auto",
             tokenizer_dir=(ctx.engine_dir / "target").resolve(),
             max_tokens_limit=opts.max_tokens_limit,
             max_context=ctx.max_context,
             max_sessions=ctx.plan.sessions,
             draft_length=opts.max_draft_len,
+            default_drafter=opts.drafter,
             device=ctx.device,
             policy_file=opts.policy_file.resolve() if opts.policy_file else None,
             manifest_file=ctx.manifest_path.resolve(),
             model_name=opts.model_name,
         )
-        rec.detail = f"{opts.model_name}, target, draft in {repo}"
+        rec.detail = f"{models} in {repo}; default drafter {opts.drafter}"
 
 
 def _quant_summary(q: QuantReport) -> str:
