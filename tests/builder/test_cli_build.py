@@ -23,10 +23,14 @@ def _noop() -> None:
 runner = CliRunner()
 
 
-def base_args(target: Path, draft: Path, root: Path) -> list[str]:
-    return ["build", "--target", str(target), "--draft", str(draft), "--engines", str(root / "engines"),
+def target_args(target: Path, root: Path) -> list[str]:
+    return ["build", "--target", str(target), "--engines", str(root / "engines"),
             "--model-repo", str(root / "model_repo"), "--name", "tiny", "--probe-prompts", "2",
             "--probe-tokens", "8", "--max-sessions", "2"]
+
+
+def base_args(target: Path, draft: Path, root: Path) -> list[str]:
+    return target_args(target, root) + ["--draft", str(draft)]
 
 
 def test_json_result(tiny_target: Path, tiny_draft: Path, tmp_path: Path) -> None:
@@ -35,6 +39,7 @@ def test_json_result(tiny_target: Path, tiny_draft: Path, tmp_path: Path) -> Non
     assert res.stderr == ""  # no progress display under --json
     out = json.loads(res.stdout)
     assert out["name"] == "tiny" and out["backend"] == "torch" and out["dry_run"] is False
+    assert out["draft_model"] is True and out["default_drafter"] == "model"
     assert [s["name"] for s in out["steps"]] == ["check", "quantize", "compile", "memory", "manifest", "model_repo"]
     q = out["quantization"]
     assert q["precision_after"] == "int8" and q["weight_bytes_after"] < q["weight_bytes_before"]
@@ -50,7 +55,8 @@ def test_human_output_shows_progress_and_the_figures(tiny_target: Path, tiny_dra
     assert res.exit_code == 0, res.output
     assert "Quantize the draft" in res.stderr and "Plan the memory pools" in res.stderr  # progress on stderr
     assert "draft INT8:" in res.stdout and "greedy acceptance" in res.stdout
-    assert "memory plan:" in res.stdout and "target  weights" in res.stdout
+    assert "memory plan:" in res.stdout and "target  weights" in res.stdout and "draft   weights" in res.stdout
+    assert "drafting:    a draft model; requests that name no drafter draft with model" in res.stdout
     again = runner.invoke(app, base_args(tiny_target, tiny_draft, tmp_path))
     assert again.exit_code == 0 and "unchanged inputs: reused" in again.stdout
 
@@ -88,9 +94,45 @@ def test_errors_are_one_line(tiny_target: Path, tiny_draft: Path, tmp_path: Path
     assert message in error_line(res) and "Traceback" not in res.output
 
 
-def test_target_and_draft_are_required(tmp_path: Path) -> None:
+def test_the_target_is_required(tmp_path: Path) -> None:
     res = runner.invoke(app, ["build", "--engines", str(tmp_path)])
-    assert res.exit_code == 1 and "--target and --draft are required" in error_line(res)
+    assert res.exit_code == 1 and error_line(res) == "error: --target is required (or pass --demo)"
+
+
+def test_without_a_draft_the_target_is_served_with_ngram(tiny_target: Path, tmp_path: Path) -> None:
+    res = runner.invoke(app, target_args(tiny_target, tmp_path) + ["--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["draft_model"] is False and out["default_drafter"] == "ngram" and out["quantization"] is None
+    steps = {s["name"]: s for s in out["steps"]}
+    assert steps["quantize"]["status"] == "skipped" and "no draft model" in steps["quantize"]["detail"]
+    assert out["memory_plan"]["draft"] is None and list(out["manifest"]["models"]) == ["target"]
+    assert sorted(p.name for p in (tmp_path / "model_repo").iterdir()) == ["spec_decode", "target"]
+
+
+def test_without_a_draft_the_summary_says_what_drafts(tiny_target: Path, tmp_path: Path) -> None:
+    res = runner.invoke(app, target_args(tiny_target, tmp_path) + ["--default-drafter", "suffix"])
+    assert res.exit_code == 0, res.output
+    assert "no draft model: nothing to quantize, no acceptance probe" in res.stderr  # the skipped step
+    assert "drafting:    no draft model; requests that name no drafter draft with suffix" in res.stdout
+    assert "target  weights" in res.stdout and "draft   weights" not in res.stdout
+    assert 'key: "default_drafter" value: { string_value: "suffix" }' in (
+        tmp_path / "model_repo" / "spec_decode" / "config.pbtxt").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--default-drafter", "model"],
+         "--default-drafter model needs a draft model: pass --draft, or choose ngram, suffix or auto"),
+        (["--backend", "trtllm", "--dry-run"],
+         "--backend trtllm needs --draft: a repository without a draft model is built for the torch backend only"),
+    ],
+)
+def test_without_a_draft_refusals_are_one_line(tiny_target: Path, tmp_path: Path, extra: list[str], message: str) -> None:
+    res = runner.invoke(app, target_args(tiny_target, tmp_path) + extra)
+    assert res.exit_code == 1 and error_line(res) == f"error: {message}", res.output
+    assert not (tmp_path / "engines").exists()
 
 
 @pytest.mark.slow

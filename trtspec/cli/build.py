@@ -1,4 +1,5 @@
-"""``trtspec build``: engines, manifest and model repository for a draft/target pair."""
+"""``trtspec build``: engines, manifest and model repository for a draft/target pair, or for a
+target alone (served with the free drafters: n-gram and suffix lookups, no draft model)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, print_json
+from trtspec.decoding.types import DrafterKind
 from trtspec.wire import SPEC_DECODE, SpecDecodeParams
 
 
@@ -25,12 +27,15 @@ class DraftQuant(str, enum.Enum):
 
 def build(
     target: Annotated[Path | None, typer.Option("--target", help="Target checkpoint: HF dir or .gguf.")] = None,
-    draft: Annotated[Path | None, typer.Option("--draft", help="Draft checkpoint: HF dir or .gguf.")] = None,
+    draft: Annotated[Path | None, typer.Option(
+        "--draft", help="Draft checkpoint: HF dir or .gguf. Without one the target is served alone, drafting with n-gram/suffix lookups.")] = None,
     demo: Annotated[bool, typer.Option(
         "--demo", help="SmolLM2-135M-Instruct as target, and as draft its INT8 copy made by this build.")] = False,
     backend: Annotated[Backend, typer.Option("--backend", help="torch: the torch runtime; trtllm: TensorRT-LLM engines.")] = Backend.torch,
     draft_quant: Annotated[DraftQuant, typer.Option("--draft-quant", help="int8: weight-only INT8 draft; none: as is.")] = DraftQuant.int8,
-    max_draft_len: Annotated[int, typer.Option("--max-draft-len", help="Most draft tokens per iteration.")] = SpecDecodeParams.draft_length,
+    max_draft_len: Annotated[int, typer.Option("--max-draft-len", help="Most draft tokens per iteration (any drafter).")] = SpecDecodeParams.draft_length,
+    default_drafter: Annotated[DrafterKind | None, typer.Option(
+        "--default-drafter", help="What drafts for requests that name no drafter (default: model with --draft, ngram without).")] = None,
     policy: Annotated[Path | None, typer.Option("--policy", help="Control-plane policy file for the served models.")] = None,
     engines: Annotated[Path, typer.Option("--engines", help="Where engines/<name>/ go.")] = Path("engines"),
     model_repo: Annotated[Path, typer.Option("--model-repo", help="Triton model repository to write.")] = Path("model_repo"),
@@ -64,8 +69,8 @@ def build(
         # the same numbers); the before/after figures then show exactly what INT8 costs.
         target, draft = pair.target, pair.target
         name = name or "demo"
-    if target is None or draft is None:
-        fail("--target and --draft are required (or pass --demo)")
+    if target is None:
+        fail("--target is required (or pass --demo)")
     with domain_errors():
         opts = BuildOptions(
             target=target,
@@ -77,6 +82,7 @@ def build(
             backend=backend.value,
             draft_quant=draft_quant.value,
             max_draft_len=max_draft_len,
+            default_drafter=default_drafter.value if default_drafter else None,
             policy_file=policy,
             max_context=max_context,
             max_sessions=max_sessions,
@@ -151,6 +157,8 @@ def _print_summary(r) -> None:  # r: trtspec.builder.pipeline.BuildResult
     if r.model_repo:
         out.append(f"  model repo:  {r.model_repo}")
     out.append(f"  vocabulary:  {r.compat.vocab_size} tokens, tokenizer {r.compat.tokenizer_fingerprint}")
+    out.append(f"  drafting:    {'a draft model' if r.has_draft else 'no draft model'}; "
+               f"requests that name no drafter draft with {r.default_drafter}")
     q = r.quantization
     if q is not None:
         out.append(f"  draft INT8:  weights {_mib(q.weight_bytes_before)} ({q.precision_before}) -> "
@@ -163,7 +171,7 @@ def _print_summary(r) -> None:  # r: trtspec.builder.pipeline.BuildResult
     m = r.memory_plan
     out.append(f"  memory plan: {m.device.name} {m.device.total_bytes / (1 << 30):.2f} GiB, "
                f"headroom {m.headroom_fraction:.0%}, {m.sessions} sessions x {m.tokens_per_sequence} tokens")
-    for s in (m.target, m.draft):
+    for s in m.shares:
         line = (f"    {s.role:<7} weights {_mib(s.weight_bytes)}, KV {_mib(s.kv_bytes)} "
                 f"({s.kv_tokens} tokens x {s.kv_bytes_per_token} B), overhead {_mib(s.overhead_bytes)}")
         if r.backend == "trtllm":
