@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# CI job: build the engines and model repository for one draft/target pair,
-# check what was built, and pack it for deployment.
+# CI job: build the engines and model repository for one draft/target pair (or
+# a target alone), check what was built, and pack it for deployment.
 #
 # Runs on a GPU runner inside the trtspec image (see Dockerfile) for
 # BACKEND=trtllm, on any runner for BACKEND=torch. Settings come from the
 # environment:
 #
-#   TARGET, DRAFT     checkpoints (HF dirs or .gguf); or DEMO=1 for the demo pair
+#   TARGET, DRAFT     checkpoints (HF dirs or .gguf); or DEMO=1 for the demo pair.
+#                     No DRAFT: the target alone, drafting with ngram/suffix (BACKEND=torch)
+#   DEFAULT_DRAFTER   model | ngram | suffix | auto  (default: model with a draft, ngram without)
 #   NAME              engines/<NAME> (default: the target dir's name, or "demo")
 #   BACKEND           torch | trtllm                 (default: trtllm)
 #   DRAFT_QUANT       int8 | none                    (default: int8)
@@ -37,9 +39,11 @@ args=(build --backend "$BACKEND" --draft-quant "$DRAFT_QUANT" --max-draft-len "$
 if [[ "${DEMO:-0}" == 1 ]]; then
     args+=(--demo)
 else
-    : "${TARGET:?set TARGET and DRAFT (or DEMO=1)}" "${DRAFT:?set TARGET and DRAFT (or DEMO=1)}"
-    args+=(--target "$TARGET" --draft "$DRAFT")
+    : "${TARGET:?set TARGET (and DRAFT), or DEMO=1}"
+    args+=(--target "$TARGET")
+    [[ -n "${DRAFT:-}" ]] && args+=(--draft "$DRAFT")
 fi
+[[ -n "${DEFAULT_DRAFTER:-}" ]] && args+=(--default-drafter "$DEFAULT_DRAFTER")
 [[ -n "${NAME:-}" ]] && args+=(--name "$NAME")
 [[ -n "${MAX_CONTEXT:-}" ]] && args+=(--max-context "$MAX_CONTEXT")
 [[ -n "${POLICY:-}" ]] && args+=(--policy "$POLICY")
@@ -60,6 +64,7 @@ from trtspec.builder.manifest import verify_engines
 result = json.load(open(sys.argv[1]))
 floor = float(sys.argv[2])
 print(f"build {result['name']!r} ({result['backend']}), reused={result['reused']}, dry_run={result['dry_run']}")
+print(f"  {'a draft model' if result['draft_model'] else 'no draft model'}; default drafter {result['default_drafter']}")
 for step in result["steps"]:
     print(f"  {step['name']:<10} {step['status']:<8} {step['seconds']:>8.1f}s  {step['detail']}")
 q = result["quantization"]
@@ -72,7 +77,7 @@ if q:
             sys.exit(f"INT8 draft acceptance {after['acceptance_rate']:.1%} is below MIN_ACCEPTANCE {floor:.0%}")
 plan = result["memory_plan"]
 print(f"  memory: {plan['sessions']} sessions x {plan['tokens_per_sequence']} tokens on {plan['device']['name']}")
-for role in ("target", "draft"):
+for role in [r for r in ("target", "draft") if plan[r]]:  # no draft model: target only
     s = plan[role]
     print(f"    {role}: kv_cache_free_gpu_mem_fraction={s['kv_cache_free_gpu_mem_fraction']} "
           f"max_tokens_in_paged_kv_cache={s['max_tokens_in_paged_kv_cache']}")

@@ -56,3 +56,14 @@ def test_ci_job_builds_checks_and_packs(tiny_target: Path, tiny_draft: Path, tmp
     # A floor above what the draft reaches fails the job.
     strict = run(str(CI), env={**env, "MIN_ACCEPTANCE": "1.01"})
     assert strict.returncode != 0 and "below MIN_ACCEPTANCE" in strict.stderr
+
+
+def test_ci_job_builds_a_target_without_a_draft(tiny_target: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "BACKEND": "torch",
+           "TARGET": str(tiny_target), "NAME": "tiny", "OUT": str(tmp_path / "out"), "MAX_SESSIONS": "2",
+           "DEFAULT_DRAFTER": "suffix"}
+    env.pop("DRAFT", None)
+    res = run(str(CI), env=env)
+    assert res.returncode == 0, res.stderr
+    assert "no draft model; default drafter suffix" in res.stdout and "manifest verified" in res.stdout
+    assert "    target: " in res.stdout and "    draft: " not in res.stdout
