@@ -159,7 +159,7 @@ def test_a_build_without_a_draft_serves_the_target_alone(tiny_target_build: Buil
     assert verify_engines(r.engine_dir, "torch") == m  # the check spec_decode makes at load
 
 
-def test_the_repository_without_a_draft_answers_with_ngram_drafting(tiny_target_build: BuildResult) -> None:
+def test_the_repository_without_a_draft_drafts_with_ngram_and_auto(tiny_target_build: BuildResult) -> None:
     """The built configs, loaded as Triton would load them (spec_decode checks the manifest at load)."""
     from trtspec.serving.triton import lm, spec_decode
     from trtspec.testing.fake_triton import FakeTriton, final_value, run_batch
@@ -172,10 +172,13 @@ def test_the_repository_without_a_draft_answers_with_ngram_drafting(tiny_target_
     ask = {"text_input": "The quick brown fox. The quick brown fox", "max_tokens": 120}
     try:
         (ngram,) = run_batch(pb, [ask])  # the deployment's default drafter: ngram
+        (auto,) = run_batch(pb, [{**ask, "drafter": "auto"}])  # no draft model: auto's free drafter alone
         (alone,) = run_batch(pb, [{**ask, "speculation": "off"}])
-        assert ngram.error is None and alone.error is None
-        assert final_value(ngram, "num_draft_tokens") > 0 and final_value(alone, "num_draft_tokens") == 0
-        assert list(final_value(ngram, "output_ids")) == list(final_value(alone, "output_ids"))
+        assert ngram.error is None and auto.error is None and alone.error is None
+        assert final_value(ngram, "num_draft_tokens") > 0 and final_value(auto, "num_draft_tokens") > 0
+        assert final_value(alone, "num_draft_tokens") == 0
+        for call in (ngram, auto):
+            assert list(final_value(call, "output_ids")) == list(final_value(alone, "output_ids"))
     finally:
         pb.finalize()
 
