@@ -73,7 +73,7 @@ from trtspec.wire import DRAFTERS, SPEC_DECODE, SpecDecodeParams
 
 STEPS = ("check", "quantize", "compile", "memory", "manifest", "model_repo")
 STEP_TITLES = {
-    "check": "Check draft/target compatibility",
+    "check": "Check the models (a draft against the target)",
     "quantize": "Quantize the draft",
     "compile": "Compile",
     "memory": "Plan the memory pools",
