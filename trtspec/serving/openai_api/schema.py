@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtspec.decoding.types import DrafterKind
 from trtspec.serving.client import GenerateParams
+from trtspec.wire import Priority, Speculation
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is as many as the server allows
 
@@ -60,8 +61,8 @@ class _Request(BaseModel):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     # extensions (extra_body)
-    speculation: Literal["auto", "on", "off"] | None = None
-    priority: Literal["high", "normal", "low"] | None = None
+    speculation: Speculation | None = None
+    priority: Priority | None = None
     drafter: DrafterKind | None = None
     top_k: int | None = Field(None, ge=0)
 
@@ -86,8 +87,8 @@ class _Request(BaseModel):
             top_p=self.top_p,
             seed=self.seed,
             stop_words=stop,
-            speculation=self.speculation,
-            priority=self.priority,
+            speculation=self.speculation.value if self.speculation is not None else None,
+            priority=self.priority.value if self.priority is not None else None,
             drafter=self.drafter.value if self.drafter is not None else None,
             apply_chat_template=apply_chat_template,
         )

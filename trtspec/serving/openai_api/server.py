@@ -20,10 +20,7 @@ from pathlib import Path
 from trtspec.errors import CheckpointError, TrtspecError
 from trtspec.serving.openai_api.app import ProxySettings, create_app
 from trtspec.serving.openai_api.metrics import ProxyMetrics
-from trtspec.wire import SPEC_DECODE
-
-DEFAULT_MAX_TOKENS_LIMIT = 1024  # spec_decode's when its config does not say
-
+from trtspec.wire import SPEC_DECODE, SpecDecodeParams
 
 class ProxyError(TrtspecError):
     """The OpenAI endpoint could not start (port taken, Triton or the model not reachable)."""
@@ -50,7 +47,7 @@ def load_settings(triton_grpc: str, model: str = SPEC_DECODE, served_name: str |
             tokenizer = Tokenizer.from_dir(Path(params["tokenizer_dir"]))
         except CheckpointError as e:
             raise ProxyError(f"model {model!r}: {e}") from None
-    limit = params.get("max_tokens_limit") or str(DEFAULT_MAX_TOKENS_LIMIT)
+    limit = params.get("max_tokens_limit") or str(SpecDecodeParams.max_tokens_limit)  # the default when unset
     return ProxySettings(triton_grpc=triton_grpc, model=model, served_name=served_name or model,
                          max_tokens_limit=int(limit), tokenizer=tokenizer)
 
