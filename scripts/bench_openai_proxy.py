@@ -29,7 +29,7 @@ from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, 
 from trtspec.builder.repo import write_model_repo
 from trtspec.serving.launcher import TritonServer
 from trtspec.serving.openai_api.server import OpenAIServer
-from trtspec.testing.tiny import PAIRS, pair_paths
+from trtspec.testing.tiny import PAIRS, pair_paths, with_chat_template
 
 
 def run(url: str, protocol: str, concurrency: int, requests: int, max_tokens: int) -> dict:
@@ -56,8 +56,10 @@ def main() -> int:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
     target, draft = pair_paths(args.pair, args.work / "models")
+    # the tiny tokenizer has no chat template; the OpenAI chat path needs one
+    tokenizer = with_chat_template(target, args.work / "tokenizer") if args.pair != "demo" else None
     repo = write_model_repo(args.work / "model_repo", target_checkpoint=target, draft_checkpoint=draft,
-                            max_sessions=32, max_concurrency=8)
+                            tokenizer_dir=tokenizer, max_sessions=32, max_concurrency=8)
     rows: list[dict] = []
     with TritonServer(repo, log_file=args.work / "tritonserver.log") as server, \
             OpenAIServer(server.endpoints.grpc) as proxy:

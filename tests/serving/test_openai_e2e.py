@@ -19,9 +19,8 @@ from trtspec.serving import statusfile
 from trtspec.serving.client import GenerateParams, generate_http
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
 from trtspec.serving.openai_api.server import OpenAIServer
+from trtspec.testing.tiny import with_chat_template
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 PROMPT = "The quick brown fox"
 MAX_TOKENS_LIMIT = 200
 
@@ -30,18 +29,14 @@ MAX_TOKENS_LIMIT = 200
 def served(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, tiny_draft: Path,
            static_policy: Path) -> Iterator[tuple[TritonServer, OpenAIServer]]:
     """tritonserver on the tiny pair with a chat template (spec_decode applies it: the default), and the proxy."""
-    from transformers import AutoTokenizer
-
     try:
         install = find_tritonserver()
     except ServerError as e:
         pytest.skip(str(e))
     root = tmp_path_factory.mktemp("openai")
-    tok = AutoTokenizer.from_pretrained(str(tiny_target))
-    tok.chat_template = CHATML
-    tok.save_pretrained(str(root / "tokenizer"))
+    tokenizer = with_chat_template(tiny_target, root / "tokenizer")
     repo = write_model_repo(root / "model_repo", target_checkpoint=tiny_target, draft_checkpoint=tiny_draft,
-                            tokenizer_dir=root / "tokenizer", max_tokens_limit=MAX_TOKENS_LIMIT, max_concurrency=8,
+                            tokenizer_dir=tokenizer, max_tokens_limit=MAX_TOKENS_LIMIT, max_concurrency=8,
                             policy_file=static_policy)
     with TritonServer(repo, log_file=root / "tritonserver.log", install=install) as triton:
         proxy = OpenAIServer(triton.endpoints.grpc).start()

@@ -13,9 +13,8 @@ from trtspec.serving.client import ClientError, ClientResult, error_code
 from trtspec.serving.openai_api.render import Renderer
 from trtspec.serving.openai_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIError
 from trtspec.serving.service import CLIENT_CANCELLED, SHUTTING_DOWN
+from trtspec.testing.tiny import CHATML
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def chat(**fields) -> ChatCompletionRequest:

@@ -30,6 +30,20 @@ breaker: {enabled: false}
 fallback: {enabled: false}
 """
 
+# A ChatML template for the tiny tokenizer (it has none): what the OpenAI chat path needs.
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def with_chat_template(checkpoint: Path, out_dir: Path) -> Path:
+    """A copy of ``checkpoint``'s tokenizer in ``out_dir`` that has :data:`CHATML` as its chat template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    tok.chat_template = CHATML
+    tok.save_pretrained(str(out_dir))
+    return out_dir
+
 
 def make_tokenizer(out_dir: Path, vocab_size: int = 384):
     """A byte-level BPE tokenizer trained on a fixed corpus (deterministic)."""
