@@ -3,7 +3,8 @@
 The demo pair on a real tritonserver, ``trtspec.serving.openai_api.OpenAIServer``
 in front of it. At each concurrency the two paths alternate for ``--rounds``
 rounds (a machine that speeds up or slows down weighs on both alike), each run
-``trtspec bench``'s closed loop (``run_bench``) with speculation ``auto``,
+``trtspec bench``'s closed loop (``run_bench``) with ``--speculation`` (default ``auto``;
+``off`` sends one token per response, the most work per token for the proxy),
 greedy: gRPC sends the prompt for ``spec_decode`` to template, the OpenAI path
 sends it as one chat message that the proxy templates, so both decode the same
 tokens. Reported: medians over rounds of tokens/s and of the TTFT p50, and the
@@ -32,11 +33,11 @@ from trtspec.serving.openai_api.server import OpenAIServer
 from trtspec.testing.tiny import PAIRS, pair_paths, with_chat_template
 
 
-def run(url: str, protocol: str, concurrency: int, requests: int, max_tokens: int) -> dict:
-    cfg = BenchConfig(url=url, protocol=protocol, prompts=builtin_prompts(), workload_split=ArmSplit.parse("auto"),
+def run(url: str, protocol: str, concurrency: int, requests: int, max_tokens: int, arm: str = "auto") -> dict:
+    cfg = BenchConfig(url=url, protocol=protocol, prompts=builtin_prompts(), workload_split=ArmSplit.parse(arm),
                       output=OutputLength.parse(str(max_tokens)), concurrency=concurrency, requests=requests,
                       timeout_s=600, probe=False)
-    a = run_bench(cfg).summary["by_arm"]["auto"]
+    a = run_bench(cfg).summary["by_arm"][arm]
     if a["errors"]:
         raise SystemExit(f"{protocol}: {a['errors']} request(s) failed: {a['errors_by_category']}")
     return {"tokens_per_s": a["tokens_per_s"], "ttft_p50_ms": a["ttft_ms"]["p50"], "tokens": a["output_tokens"],
@@ -52,6 +53,9 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("results/openai_proxy"))
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--pair", choices=PAIRS, default="demo", help="the models (tiny: the proxy's own cost)")
+    ap.add_argument("--speculation", choices=("auto", "on", "off"), default="auto",
+                    help="the requests' speculation (on/off: the same work on both paths; auto: what the "
+                         "controller learns differs from run to run)")
     args = ap.parse_args()
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -66,14 +70,14 @@ def main() -> int:
         urls = {"grpc": server.endpoints.grpc, "openai": proxy.url}
         say("warm-up")
         for protocol, url in urls.items():
-            run(url, protocol, 1, 2, 8)
+            run(url, protocol, 1, 2, 8, args.speculation)
         for c in [int(x) for x in args.concurrency.split(",") if x.strip()]:
             n = max(args.requests, 2 * c)
             for rnd in range(1, args.rounds + 1):
                 for protocol, url in urls.items():
                     say(f"concurrency {c}, round {rnd}: {protocol}, {n} requests x {args.max_tokens} tokens")
                     rows.append({"concurrency": c, "round": rnd, "protocol": protocol,
-                                 **run(url, protocol, c, n, args.max_tokens)})
+                                 **run(url, protocol, c, n, args.max_tokens, args.speculation)})
                     print(json.dumps(rows[-1]), flush=True)  # each run as it ends: a cut-short run keeps its rows
 
     print(f"{'conc':>4} {'path':<7}{'tok/s (rounds)':<28}{'TTFT p50 ms (rounds)':<28}")
