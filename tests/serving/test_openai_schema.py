@@ -151,3 +151,28 @@ def test_without_a_chat_template_render_chat_refuses(tiny_target: Path):
 
     with pytest.raises(InvalidRequestError, match="no chat template"):
         Tokenizer.from_dir(tiny_target).render_chat([{"role": "user", "content": "x"}])
+
+
+def test_the_endpoints_connections_send_without_waiting_for_acks():
+    """Nagle off (TCP_NODELAY) on every accepted connection: with it on, a keep-alive client's delayed ACK held
+    each response's body for 40 ms behind its headers. asyncio turns it off only on sockets that say they are TCP."""
+    import asyncio
+    import socket
+
+    from trtspec.serving.openai_api.server import _bind
+
+    async def nodelay_of_an_accepted_connection() -> int:
+        accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def on_connection(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connection, sock=_bind("127.0.0.1", 0))
+        async with server:
+            _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            value = await asyncio.wait_for(accepted, 10)
+            writer.close()
+        return value
+
+    assert asyncio.run(nodelay_of_an_accepted_connection()) != 0
