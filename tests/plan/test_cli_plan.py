@@ -82,6 +82,9 @@ def test_plan_compares_the_drafters_of_the_bench_files(small_log: Path, tmp_path
     assert data["inputs"]["source"] == f"bench: {tmp_path / 'suffix.json'}"
     assert json.loads((out / "plan.json").read_text())["by_drafter"] == data["by_drafter"]
     assert "## By drafter" in (out / "plan.md").read_text()
+    png = (out / "speedup_by_drafter.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and data["files"]["drafters_png"] == str(out / "speedup_by_drafter.png")
+    assert (out / "plan.md").read_text().count("![Expected speedup by drafter](data:image/png;base64,") == 1
     r = runner.invoke(app, [str(small_log), *files, "--rate-per-gpu", "1", "--out", str(out)])
     assert "drafter: serve with drafter suffix" in r.stdout
 
@@ -92,3 +95,4 @@ def test_plan_of_an_older_bench_file_has_one_default_drafter(small_log: Path, tm
     r = runner.invoke(app, [str(small_log), "--bench", str(f), "--out", str(tmp_path / "o"), "--json"])
     assert r.exit_code == 0, r.output
     assert list(json.loads(r.stdout)["by_drafter"]) == ["default"]
+    assert not (tmp_path / "o" / "speedup_by_drafter.png").exists()  # one drafter: nothing to compare

@@ -19,6 +19,7 @@ FILES = {
     "lengths_png": "token_lengths.png",
     "speedup_png": "speedup_by_bucket.png",
     "load_png": "speedup_vs_rate.png",
+    "drafters_png": "speedup_by_drafter.png",
     "markdown": "plan.md",
     "html": "plan.html",
 }
@@ -165,6 +166,33 @@ def _drafter_lines(plan: dict) -> list[str]:
     return lines
 
 
+def drafters_plot(plan: dict) -> bytes:
+    """Each drafter's expected speedup under its recommended policy and with every request speculating,
+    its acceptance over the bars; the drafter to serve with drawn solid."""
+    names = list(plan["by_drafter"])
+    d = [plan["by_drafter"][n] for n in names]
+    fig = Figure(figsize=(max(5, 1.6 * len(names) + 2), 3.8))
+    ax = fig.subplots()
+    x = np.arange(len(names))
+    rec = ax.bar(x - 0.2, [r["speedup_recommended_policy"] for r in d], width=0.4, color="tab:blue",
+                 label="recommended policy")
+    ax.bar(x + 0.2, [r["speedup_all_speculate"] for r in d], width=0.4, color="tab:gray",
+           label="every request speculates")
+    for bar, r in zip(rec, d):
+        bar.set_alpha(1.0 if r["recommended"] else 0.45)
+    top = max([1.0] + [max(r["speedup_recommended_policy"], r["speedup_all_speculate"]) for r in d])
+    for i, r in enumerate(d):
+        ax.text(i, top * 1.03, f"acc {r['acceptance_rate']:.0%}, c {r['c']:.2f}", ha="center", fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_xticks(x, [f"{n}\n(serve with)" if r["recommended"] else n for n, r in zip(names, d)], fontsize=8)
+    ax.set_ylabel("expected overall speedup")
+    ax.set_title("Expected speedup by drafter (bench runs grouped by drafter)", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="y", alpha=0.3)
+    return to_png(fig)
+
+
 def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]) -> Doc:
     lg, th, sp, ld, inp = plan["log"], plan["threshold"], plan["speedup"], plan["load"], plan["inputs"]
     rec = plan["policy"]
@@ -185,6 +213,7 @@ def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]
               "default: none named); each drafter planned with its own alpha, c, k and load points. The plan below "
               f"is the one with the highest overall speedup under its recommended policy: {serve_with(plan)}.")
         doc.table(DRAFTER_HEADERS, drafter_rows(plan), digits=3)
+        doc.image("Expected speedup by drafter", images["drafters_png"])
     doc.h2("Expected speedup")
     doc.p(f"Leviathan et al. 2023 (Thm 3.8): speedup = (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), with alpha "
           f"{inp['alpha']:.3f}, c {inp['c']:.3f} (effective: verify cost folded in), k {inp['k']} from {inp['source']}; "
@@ -241,6 +270,8 @@ def write_plan(plan: dict, log: RequestLog, out_dir: str | Path) -> dict[str, st
     lp = load_plot(plan)
     if lp is not None:
         images["load_png"] = lp
+    if compares_drafters(plan):
+        images["drafters_png"] = drafters_plot(plan)
     paths = {k: out / v for k, v in FILES.items() if k in ("json", "markdown", "html") or k in images}
     for k, png in images.items():
         paths[k].write_bytes(png)
