@@ -1,7 +1,8 @@
 """What the OpenAI-compatible endpoint costs: tokens/s and TTFT through it vs Triton gRPC directly.
 
-The demo pair on a real tritonserver, ``trtspec.serving.openai_api.OpenAIServer``
-in front of it. At each concurrency the two paths alternate for ``--rounds``
+The demo pair served as a user serves it: ``trtspec serve --openai-port`` in a
+process of its own (tritonserver, and the endpoint on a thread of ``trtspec serve``),
+apart from this process, the load generator. At each concurrency the two paths alternate for ``--rounds``
 rounds (a machine that speeds up or slows down weighs on both alike), each run
 ``trtspec bench``'s closed loop (``run_bench``) with ``--speculation`` (default ``auto``;
 ``off`` sends one token per response, the most work per token for the proxy),
@@ -16,20 +17,23 @@ proxy's cost (goal: <= 3% tokens/s, <= 10 ms TTFT).
 ``--pair tiny`` (random tiny models: a forward costs milliseconds, not the demo
 pair's ~100 ms on a slow CPU) leaves little but the two paths' own cost to
 measure, where the demo pair's round-to-round spread is larger than the goal.
+On a machine with few cores the CPU the endpoint and the SDK spend per streamed
+token (docs/serving.md, "What the endpoint costs") is taken from the model's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, run_bench
 from trtspec.builder.repo import write_model_repo
-from trtspec.serving.launcher import TritonServer
-from trtspec.serving.openai_api.server import OpenAIServer
+from trtspec.testing.serve import serve_process
 from trtspec.testing.tiny import PAIRS, pair_paths, with_chat_template
 
 
@@ -42,6 +46,22 @@ def run(url: str, protocol: str, concurrency: int, requests: int, max_tokens: in
         raise SystemExit(f"{protocol}: {a['errors']} request(s) failed: {a['errors_by_category']}")
     return {"tokens_per_s": a["tokens_per_s"], "ttft_p50_ms": a["ttft_ms"]["p50"], "tokens": a["output_tokens"],
             "acceptance_rate": a["acceptance_rate"]}
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) ``pid`` has spent, its children not counted (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(pid: int, *args) -> dict:
+    """:func:`run`, and the CPU per output token of this process (the client) and of ``pid``
+    (``trtspec serve``: the endpoint; the models run in tritonserver, its child)."""
+    client0, serve0 = time.process_time(), cpu_s(pid)
+    row = run(*args)
+    per_token = 1e3 / row["tokens"]
+    return {**row, "client_cpu_ms_per_token": round((time.process_time() - client0) * per_token, 3),
+            "serve_cpu_ms_per_token": round((cpu_s(pid) - serve0) * per_token, 3)}
 
 
 def main() -> int:
@@ -65,9 +85,8 @@ def main() -> int:
     repo = write_model_repo(args.work / "model_repo", target_checkpoint=target, draft_checkpoint=draft,
                             tokenizer_dir=tokenizer, max_sessions=32, max_concurrency=8)
     rows: list[dict] = []
-    with TritonServer(repo, log_file=args.work / "tritonserver.log") as server, \
-            OpenAIServer(server.endpoints.grpc) as proxy:
-        urls = {"grpc": server.endpoints.grpc, "openai": proxy.url}
+    with serve_process(repo, args.work / "tritonserver.log") as (proc, info):
+        urls = {"grpc": info["endpoints"]["grpc"], "openai": info["endpoints"]["openai"]}
         say("warm-up")
         for protocol, url in urls.items():
             run(url, protocol, 1, 2, 8, args.speculation)
@@ -77,7 +96,7 @@ def main() -> int:
                 for protocol, url in urls.items():
                     say(f"concurrency {c}, round {rnd}: {protocol}, {n} requests x {args.max_tokens} tokens")
                     rows.append({"concurrency": c, "round": rnd, "protocol": protocol,
-                                 **run(url, protocol, c, n, args.max_tokens, args.speculation)})
+                                 **measured(proc.pid, url, protocol, c, n, args.max_tokens, args.speculation)})
                     print(json.dumps(rows[-1]), flush=True)  # each run as it ends: a cut-short run keeps its rows
 
     print(f"{'conc':>4} {'path':<7}{'tok/s (rounds)':<28}{'TTFT p50 ms (rounds)':<28}")
@@ -88,8 +107,10 @@ def main() -> int:
             mine = [r for r in rows if r["concurrency"] == c and r["protocol"] == protocol]
             tps, ttft = [r["tokens_per_s"] for r in mine], [r["ttft_p50_ms"] for r in mine]
             med[protocol] = (statistics.median(tps), statistics.median(ttft))
+            cpu = [statistics.median(r[k] for r in mine) for k in ("client_cpu_ms_per_token", "serve_cpu_ms_per_token")]
             print(f"{c:>4} {protocol:<7}{med[protocol][0]:>6.1f} ({', '.join(f'{x:.1f}' for x in tps)})"
-                  f"{'':<4}{med[protocol][1]:>6.0f} ({', '.join(f'{x:.0f}' for x in ttft)})")
+                  f"{'':<4}{med[protocol][1]:>6.0f} ({', '.join(f'{x:.0f}' for x in ttft)})"
+                  f"{'':<4}CPU ms/token: client {cpu[0]:.2f}, trtspec serve {cpu[1]:.2f}")
         cost = 1 - med["openai"][0] / med["grpc"][0]
         extra_ttft = med["openai"][1] - med["grpc"][1]
         summary.append({"concurrency": c, "tokens_per_s_cost": cost, "ttft_p50_extra_ms": extra_ttft})

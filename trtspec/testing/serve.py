@@ -9,13 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+STOP_S = 60.0  # the default --grace-period (30 s) and tritonserver's own exit
 SERVE = "import typer; from trtspec.cli.serve import serve; typer.run(serve)"
 
 
 @contextmanager
 def serve_process(repo: Path, log_file: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, dict]]:
     """Start ``trtspec serve --json`` (every port free, the OpenAI endpoint on) and yield the process and
-    the JSON object it prints once ready; a process still running at the end is killed."""
+    the JSON object it prints once ready. A process still running at the end is stopped as a user stops
+    it (SIGTERM: it stops tritonserver), and killed if it has not ended within ``STOP_S`` (a killed
+    ``trtspec serve`` leaves tritonserver and its stubs behind)."""
     args = [sys.executable, "-c", SERVE, "--model-repo", str(repo), "--host", "127.0.0.1", "--http-port", "0",
             "--grpc-port", "0", "--metrics-port", "0", "--status-port", "0", "--openai-port", "0",
             "--log-file", str(log_file), "--json", *extra]
@@ -32,5 +35,9 @@ def serve_process(repo: Path, log_file: Path, *extra: str) -> Iterator[tuple[sub
         yield proc, json.loads("".join(lines))
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.terminate()
+            try:
+                proc.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
