@@ -10,7 +10,7 @@ import torch
 
 from trtspec.errors import CheckpointError, IncompatibleModelsError
 from trtspec.runtime.pair import load_pair
-from trtspec.runtime.torch.llama import quantize_int8
+from trtspec.runtime.torch.llama import _linear, cpu_packing, pack_cpu, quantize_int8
 from trtspec.runtime.torch.loader import load_model
 
 
@@ -42,6 +42,20 @@ def test_logits_match_transformers(tiny_target, hf_target, impl):
     ref = hf_logits(hf_target, PROMPT + more)
     torch.testing.assert_close(step[0], ref[len(PROMPT)], atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(multi, ref[-3:], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not cpu_packing(), reason="this torch has no oneDNN (mkldnn)")
+def test_cpu_fp32_matrices_run_packed_and_a_row_does_not_depend_on_the_others(tiny_target):
+    w = load_model(tiny_target, "fp32", impl="lean").lm.weights
+    assert w.layers[0].w_qkv.is_mkldnn and w.layers[-1].w_down.is_mkldnn and w.lm_head.is_mkldnn
+    assert not w.embed.is_mkldnn  # the lookup wants the plain matrix
+    assert not load_model(tiny_target, "bf16", impl="lean").lm.weights.layers[0].w_qkv.is_mkldnn
+    g = torch.Generator().manual_seed(0)
+    m, x = torch.randn(300, 64, generator=g), torch.randn(6, 64, generator=g)
+    six = _linear(x, pack_cpu(m))
+    torch.testing.assert_close(six, x @ m.T, atol=1e-5, rtol=1e-5)
+    assert torch.equal(_linear(x[:1], pack_cpu(m))[0], six[0])
+    assert torch.equal(_linear(x[[3, 0, 1, 2, 4, 5]], pack_cpu(m))[0], six[3])
 
 
 @pytest.mark.parametrize("impl", ["lean", "hf"])
