@@ -115,8 +115,9 @@ def pack_cpu(w: torch.Tensor) -> torch.Tensor:
     row: 2 rows 1.5x and 6 rows 2.2x of a 1-row pass of the 135M target on an
     AVX2 EPYC, so verifying k drafts cost almost k steps. oneDNN on the packed
     matrix is faster at every row count (1 row: the LM head 6.4 vs 11.9 ms; 6 rows:
-    9.3 vs 40 ms), and a row's result does not depend on the other rows or their
-    number (bit for bit), which keeps speculation exact.
+    9.3 vs 40 ms), and a row's product does not depend on the other rows or their
+    number, bit for bit (a whole pass still does, in the last bits, through
+    attention: exact mode is what pads that away).
     """
     return torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
 
