@@ -204,9 +204,11 @@ class LlamaWeights:
         def vec(name: str) -> torch.Tensor:
             return raw(name).to(device=self.device, dtype=dtype).contiguous()
 
-        def mat(*names: str) -> Weight:
-            w = dense(*names)
+        def packed(w: Weight) -> Weight:
             return pack_cpu(w) if pack and isinstance(w, torch.Tensor) else w
+
+        def mat(*names: str) -> Weight:
+            return packed(dense(*names))
 
         def dense(*names: str) -> Weight:
             parts = []
@@ -247,7 +249,7 @@ class LlamaWeights:
             )
         self.norm = vec("model.norm.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
-            self.lm_head = pack_cpu(self.embed) if pack else self.embed
+            self.lm_head = packed(self.embed)
         else:
             self.lm_head = mat("lm_head.weight")  # [vocab, hidden]
         inv_freq = _rope_inv_freq(cfg)
