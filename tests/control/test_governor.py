@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -16,7 +17,7 @@ from trtspec.control import (
     SpeculationGovernor,
     parse_policy,
 )
-from trtspec.decoding.types import IterationOutcome
+from trtspec.decoding.types import DrafterKind, IterationOutcome
 
 LONG = 100  # context tokens: the long_context rule speculates
 
@@ -101,6 +102,43 @@ def test_open_breaker_stops_even_forced_requests(clock: FakeClock) -> None:
         c = gov.decide(info(speculation=sp))
         assert (c.speculate, c.reason, c.route.breaker_state) == (False, "breaker_open", "open")
     assert gov.snapshot().speculating_now == 0  # the slot taken for the check was given back
+
+
+def test_free_drafters_neither_feed_nor_obey_the_breaker(clock: FakeClock) -> None:
+    gov = SpeculationGovernor(policy(), clock)
+    for drafter in (DrafterKind.NGRAM, DrafterKind.SUFFIX):
+        with gov.decide(info(drafter=drafter)) as c:
+            for _ in range(40):  # 200 drafted tokens, all rejected: would open it twice over
+                c.next_k()
+                c.observe(dataclasses.replace(outcome(5, 0), drafter=drafter.value))
+    assert gov.breaker.state is BreakerState.CLOSED and gov.breaker.snapshot().window_drafted == 0
+    open_breaker(gov)  # the draft model's rejections do open it
+    for drafter in (DrafterKind.NGRAM, DrafterKind.SUFFIX):
+        c = gov.decide(info(drafter=drafter))
+        assert c.speculate and c.next_k() == 5
+        c.finish()
+    c = gov.decide(info(drafter=DrafterKind.MODEL))
+    assert (c.speculate, c.reason) == (False, "breaker_open")
+
+
+def test_auto_drafts_with_its_free_drafter_while_the_breaker_bars_the_model(clock: FakeClock) -> None:
+    gov = SpeculationGovernor(policy(draft_length={"controller": "goodput"}), clock)
+    with gov.decide(info(drafter=DrafterKind.AUTO)) as closed:
+        assert closed.next_drafter(["suffix", "model"]) in ("suffix", "model")
+        offered = []
+        closed.controller.next_drafter = lambda names: offered.append(tuple(names)) or names[-1]
+        assert closed.next_drafter(["suffix", "model"]) == "model"
+    open_breaker(gov)
+    c = gov.decide(info(drafter=DrafterKind.AUTO))
+    assert c.speculate and not c.route.probe and c.route.breaker_state == "open"
+    c.controller.next_drafter = lambda names: offered.append(tuple(names)) or names[-1]
+    assert c.next_drafter(["suffix", "model"]) == "suffix"
+    assert offered == [("suffix", "model"), ("suffix",)]  # the model is not offered while barred
+    c.next_k()
+    assert c.last_cause == "controller"  # the free drafter's k is the controller's, not capped
+    assert c.next_drafter(["model"]) == "model" and c.next_k() == 0  # nothing else open: no draft
+    assert c.last_cause == "breaker"
+    c.finish()
 
 
 def test_draft_unavailable(clock: FakeClock) -> None:

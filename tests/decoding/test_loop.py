@@ -272,7 +272,8 @@ def test_auto_goes_on_with_the_free_drafter_when_the_draft_model_fails():
     assert out.token_ids == [(2 + i) % V for i in range(20)]
     assert out.stats.draft_errors == 1
     failed_at = [o.draft_failed for o in policy.outcomes].index(True)
-    assert len(policy.offered) == failed_at  # asked only while it had two to choose from
+    assert set(policy.offered[:failed_at]) == {("suffix", "model")}
+    assert set(policy.offered[failed_at:]) == {("suffix",)}  # offered what is still open
     assert {o.drafter for o in policy.outcomes[failed_at + 1 :] if o.k} == {"suffix"}
 
 

@@ -265,3 +265,19 @@ def test_num_draft_tokens_caps_the_policys_k_and_passes_outcomes_on():
     capped.observe("outcome")
     assert policy.seen == ["outcome"]
     assert _at_most(policy, None) is policy  # no cap asked: the policy itself
+
+
+def test_num_draft_tokens_keeps_the_policys_drafter_choice():
+    from trtspec.serving.service import _at_most
+
+    class Chooser:
+        def next_k(self) -> int:
+            return 5
+
+        def next_drafter(self, names) -> str:
+            return names[-1]
+
+        def observe(self, outcome) -> None:
+            pass
+
+    assert _at_most(Chooser(), 2).next_drafter(["suffix", "model"]) == "model"  # auto still chooses

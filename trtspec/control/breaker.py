@@ -1,6 +1,12 @@
-"""Two-level circuit breaker over the rolling rejection rate of all requests.
+"""Two-level circuit breaker over the rolling rejection rate of the draft model's drafts.
 
-States and what they allow::
+It guards the draft model (a wrong model draft costs ``k`` draft steps and a verify
+pass): the governor feeds it the iterations the model drafted (and failed or late
+model calls as all rejected), not those of the free drafters (``ngram``, ``suffix``),
+whose wrong drafts cost only their rows in the target's pass and whose normal
+rejection rate (30-60%) would open it. Its state bars the model, not them.
+
+States and what they allow the draft model::
 
     CLOSED     every admitted request speculates, k up to k_max
     SOFT       the draft gets lower priority: k_max halved, a lower cap on
@@ -83,7 +89,7 @@ class BreakerSnapshot:
 
 
 class CircuitBreaker:
-    """Shared by all requests; every method is safe to call from any thread."""
+    """Shared by all requests that draft with the model; every method is safe to call from any thread."""
 
     def __init__(self, config: BreakerConfig, clock: Clock, listeners: Iterable[BreakerListener] = ()) -> None:
         self.config = config

@@ -20,15 +20,19 @@ reason and the request runs on the target alone:
 4. the routing rules, first match wins (skipped for ``speculation: on``,
    whose reason is ``forced_on``);
 5. admission: a free slot under the cap for the request's priority (``quota``);
-6. the breaker: OPEN (``breaker_open``); HALF_OPEN lets a share of requests
-   through as probes (``breaker_half_open`` for the others; ``on`` requests
-   always probe).
+6. the breaker, which guards the draft model only: OPEN (``breaker_open``);
+   HALF_OPEN lets a share of requests through as probes (``breaker_half_open``
+   for the others; ``on`` requests always probe). A request drafted by
+   ``ngram`` or ``suffix`` skips it; an ``auto`` request it bars still
+   speculates, with its free drafter alone.
 
-Per iteration, :meth:`RequestControl.next_k` returns 0 while the breaker is
-OPEN (or HALF_OPEN for a request that is not a probe) or the request's
-fallback cools down, else the controller's ``k`` capped at ``k_max`` (halved
-while the breaker is SOFT). ``observe`` feeds the breaker, the fallback guard
-and the controller. Shared state (breaker, admission, rollout, goodput
+Per iteration, :meth:`RequestControl.next_k` returns 0 while the request's
+fallback cools down or, for the draft model, while the breaker is OPEN (or
+HALF_OPEN for a request that is not a probe), else the controller's ``k``
+capped at ``k_max`` (the model's halved while the breaker is SOFT);
+:meth:`RequestControl.next_drafter` does not offer ``auto`` the model while the
+breaker bars it. ``observe`` feeds the breaker (the model's iterations), the
+fallback guard and the controller. Shared state (breaker, admission, rollout, goodput
 estimates, counters) is locked; a ``RequestControl`` belongs to the one thread
 that runs its request.
 """
@@ -186,19 +190,30 @@ class SpeculationGovernor:
             if not verdict.speculate:
                 return RouteDecision(False, verdict.reason, state)
             reason = verdict.reason
-        degraded = self.breaker.state in (BreakerState.SOFT, BreakerState.HALF_OPEN)
-        if not self.admission.try_acquire(info.priority, degraded):
-            return RouteDecision(False, Reason.QUOTA.value, state)
-        breaker_state, allowed = self.breaker.admit(force=forced)
-        if not allowed:
-            self.admission.release()
-            why = Reason.BREAKER_OPEN if breaker_state is BreakerState.OPEN else Reason.BREAKER_HALF_OPEN
-            return RouteDecision(False, why.value, breaker_state.value)
-        return RouteDecision(True, reason, breaker_state.value, probe=breaker_state is BreakerState.HALF_OPEN)
+        return self._admit(info, reason, forced)
 
-    def k_cap(self, probe: bool) -> int:
-        """The largest ``k`` a speculating request may draft now (0: none)."""
+    def _admit(self, info: RequestInfo, reason: str, forced: bool) -> RouteDecision:
+        """Admission, then the breaker, which guards the draft model only: a free drafter never
+        calls it (and ``auto`` drafts with its free drafter alone while the breaker bars the model)."""
+        state = self.breaker.state
+        degraded = not info.drafter.free and state in (BreakerState.SOFT, BreakerState.HALF_OPEN)
+        if not self.admission.try_acquire(info.priority, degraded):
+            return RouteDecision(False, Reason.QUOTA.value, state.value)
+        if info.drafter.free:
+            return RouteDecision(True, reason, state.value)
+        state, allowed = self.breaker.admit(force=forced)
+        if allowed or info.drafter is DrafterKind.AUTO:
+            return RouteDecision(True, reason, state.value, probe=allowed and state is BreakerState.HALF_OPEN)
+        self.admission.release()
+        why = Reason.BREAKER_OPEN if state is BreakerState.OPEN else Reason.BREAKER_HALF_OPEN
+        return RouteDecision(False, why.value, state.value)
+
+    def k_cap(self, probe: bool, drafter: DrafterKind = DrafterKind.MODEL) -> int:
+        """The largest ``k`` a speculating request may draft now with ``drafter`` (0: none); the
+        breaker caps the draft model only."""
         k_max = self.policy.draft_length.k_max
+        if drafter.free:
+            return k_max
         state = self.breaker.state
         if state is BreakerState.OPEN:
             return 0
@@ -277,6 +292,7 @@ class RequestControl:
         self.last_cause = "not_speculating"  # why last_k: controller | breaker | fallback | not_speculating
         self._observed = 0
         self._prev_k: int | None = None
+        self._drafter = info.drafter  # what drafts the next iteration (auto: chosen per iteration)
 
     @property
     def speculate(self) -> bool:
@@ -289,7 +305,7 @@ class RequestControl:
     def next_k(self) -> int:
         if not self.route.speculate or self.finished or self.controller is None:
             k, cause = 0, "not_speculating"
-        elif (cap := self.governor.k_cap(self.route.probe)) == 0:
+        elif (cap := self.governor.k_cap(self.route.probe, self._drafter)) == 0:
             k, cause = 0, "breaker"
         elif self.fallback.active:
             k, cause = 0, "fallback"
@@ -301,14 +317,20 @@ class RequestControl:
         return k
 
     def next_drafter(self, names: Sequence[str]) -> str:
-        """The controller's choice when it chooses (``auto`` under goodput), else the first."""
+        """The controller's choice when it chooses (``auto`` under goodput), else the first; the
+        draft model is not offered while the breaker bars it and another drafter is open."""
         if isinstance(self.controller, DrafterChoice):
-            return self.controller.next_drafter(names)
-        return names[0]
+            offered = [n for n in names if self.governor.k_cap(self.route.probe, DrafterKind(n)) > 0]
+            name = self.controller.next_drafter(offered or names)
+        else:
+            name = names[0]
+        self._drafter = DrafterKind(name)
+        return name
 
     def observe(self, outcome: IterationOutcome) -> None:
         gov = self.governor
-        gov.breaker.observe(outcome.k, outcome.accepted)
+        if not (outcome.drafter and DrafterKind(outcome.drafter).free):  # the breaker guards the draft model
+            gov.breaker.observe(outcome.k, outcome.accepted)
         if self.controller is not None:
             self.controller.observe(outcome)
         else:  # target-only traffic still teaches the goodput model what a target step costs

@@ -40,7 +40,7 @@ class DrafterOptions:
             raise ValueError("need suffix_max_match >= 1, 0 < suffix_min_prob <= 1, suffix_max_spec_factor > 0")
         if self.suffix_store_outputs < 0:
             raise ValueError(f"suffix_store_outputs must be >= 0, got {self.suffix_store_outputs}")
-        if self.auto_free not in (DrafterKind.NGRAM, DrafterKind.SUFFIX):
+        if not self.auto_free.free:
             raise ValueError(f"auto_free must be ngram or suffix, got {self.auto_free.value}")
 
     def make_store(self) -> SuffixStore | None:

@@ -213,7 +213,7 @@ class Generation(Iterator[StreamChunk]):
 
     def _choose(self, drafters: list[Drafter]) -> Drafter | None:
         """The drafter of this iteration: the policy's choice when it makes one, else the first."""
-        if len(drafters) > 1 and isinstance(self._policy, DrafterChoice):
+        if drafters and isinstance(self._policy, DrafterChoice):
             name = self._policy.next_drafter([d.name for d in drafters])
             return next((d for d in drafters if d.name == name), drafters[0])
         return drafters[0] if drafters else None

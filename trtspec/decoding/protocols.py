@@ -181,9 +181,9 @@ class DraftLengthPolicy(Protocol):
 class DrafterChoice(Protocol):
     """Optional capability of a :class:`DraftLengthPolicy`: which drafter drafts next.
 
-    Asked before ``next_k`` when a request has several drafters (``auto``);
-    ``names`` are those still open, in the order the request lists them. A
-    policy without it gets the first.
+    Asked before each ``next_k`` of a request that has a drafter open;
+    ``names`` are those still open, in the order the request lists them
+    (several for ``auto``). A policy without it gets the first.
     """
 
     def next_drafter(self, names: Sequence[str]) -> str:

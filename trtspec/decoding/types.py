@@ -92,6 +92,11 @@ class DrafterKind(str, enum.Enum):
     SUFFIX = "suffix"  # suffix decoding over the request's text and recent outputs: no model call
     AUTO = "auto"  # per iteration, the policy chooses among a free drafter, the model and none
 
+    @property
+    def free(self) -> bool:
+        """A lookup in the text, no model call: a wrong draft costs only its rows in the target's pass."""
+        return self in (DrafterKind.NGRAM, DrafterKind.SUFFIX)
+
 
 @dataclass(frozen=True)
 class GenerationRequest:

@@ -260,21 +260,23 @@ DRAFT_LENGTH = MetricSpec(
 DRAFT_LENGTH_CAP = MetricSpec(
     "trtspec_draft_length_cap",
     Kind.GAUGE,
-    "The largest k a request may draft now (k_max; halved while the breaker is soft; 0 while open).",
+    "The largest k a request may draft with the draft model now (k_max; halved while the breaker is soft; "
+    "0 while open; ngram and suffix are not capped).",
     ("model",),
     "min(trtspec_draft_length_cap)",
 )
 BREAKER_STATE = MetricSpec(
     "trtspec_breaker_state",
     Kind.GAUGE,
-    "Circuit-breaker state: 1 for the current state, 0 for the others.",
+    "Circuit-breaker state (it guards the draft model): 1 for the current state, 0 for the others.",
     ("model", "state"),
     'max by (state) (trtspec_breaker_state); open now: max(trtspec_breaker_state{state="open"}) == 1',
 )
 ROLLING_REJECTION_RATE = MetricSpec(
     "trtspec_rolling_rejection_rate",
     Kind.GAUGE,
-    "The breaker's rolling rejection rate (1 - accepted/drafted over its window; NaN when nothing was drafted).",
+    "The breaker's rolling rejection rate of the draft model's drafts (1 - accepted/drafted over its window; "
+    "NaN when nothing was drafted).",
     ("model",),
     "max(trtspec_rolling_rejection_rate)",
 )

@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +38,7 @@ from trtspec.control import Policy, RequestInfo, SpeculationGovernor, load_polic
 from trtspec.control.governor import RequestControl
 from trtspec.decoding import (
     DraftLengthPolicy,
+    DrafterChoice,
     DrafterKind,
     FinishReason,
     FixedDraftLength,
@@ -125,6 +126,9 @@ class _AtMost:
 
     def next_k(self) -> int:
         return min(self.policy.next_k(), self.k_max)
+
+    def next_drafter(self, names: Sequence[str]) -> str:
+        return self.policy.next_drafter(names) if isinstance(self.policy, DrafterChoice) else names[0]
 
     def observe(self, outcome: IterationOutcome) -> None:
         self.policy.observe(outcome)
