@@ -46,10 +46,10 @@ from trtspec.decoding.policy import FixedDraftLength
 from trtspec.decoding.protocols import (
     Detokenizer,
     Drafter,
-    DrafterChoice,
     DraftLengthPolicy,
     LanguageModel,
     LMSession,
+    choose_drafter,
 )
 from trtspec.decoding.stopping import StopChecker
 from trtspec.decoding.types import (
@@ -213,10 +213,10 @@ class Generation(Iterator[StreamChunk]):
 
     def _choose(self, drafters: list[Drafter]) -> Drafter | None:
         """The drafter of this iteration: the policy's choice when it makes one, else the first."""
-        if drafters and isinstance(self._policy, DrafterChoice):
-            name = self._policy.next_drafter([d.name for d in drafters])
-            return next((d for d in drafters if d.name == name), drafters[0])
-        return drafters[0] if drafters else None
+        if not drafters:
+            return None
+        name = choose_drafter(self._policy, [d.name for d in drafters])
+        return next((d for d in drafters if d.name == name), drafters[0])
 
     def _iterate(self, tokens: list[int], target: LMSession, drafter: Drafter | None, k: int) -> _Step:
         """One iteration: draft up to ``k`` tokens, verify them in one target pass."""

@@ -195,3 +195,8 @@ class Detokenizer(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped."""
         ...
+
+
+def choose_drafter(policy: DraftLengthPolicy, names: Sequence[str]) -> str:
+    """``policy``'s choice among ``names`` when it is a :class:`DrafterChoice`, else the first."""
+    return policy.next_drafter(names) if isinstance(policy, DrafterChoice) else names[0]

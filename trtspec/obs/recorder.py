@@ -40,7 +40,7 @@ from trtspec.control.governor import GovernorSnapshot
 from trtspec.obs import metrics as M
 from trtspec.obs.sinks import MetricSink
 from trtspec.obs.trace import RejectionTracer
-from trtspec.decoding.protocols import DrafterChoice, DraftLengthPolicy
+from trtspec.decoding.protocols import DraftLengthPolicy, choose_drafter
 from trtspec.decoding.types import DrafterKind, IterationOutcome, SpecStats
 
 log = logging.getLogger("trtspec.obs")
@@ -293,7 +293,7 @@ class MeteredPolicy:
 
     def next_drafter(self, names: Sequence[str]) -> str:
         """The wrapped policy's choice when it makes one (:class:`~trtspec.decoding.protocols.DrafterChoice`)."""
-        return self.policy.next_drafter(names) if isinstance(self.policy, DrafterChoice) else names[0]
+        return choose_drafter(self.policy, names)
 
     def observe(self, outcome: IterationOutcome) -> None:
         self.metrics.iteration(

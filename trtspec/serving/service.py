@@ -36,9 +36,9 @@ import torch
 
 from trtspec.control import Policy, RequestInfo, SpeculationGovernor, load_policy
 from trtspec.control.governor import RequestControl
+from trtspec.decoding.protocols import choose_drafter
 from trtspec.decoding import (
     DraftLengthPolicy,
-    DrafterChoice,
     DrafterKind,
     FinishReason,
     FixedDraftLength,
@@ -128,7 +128,7 @@ class _AtMost:
         return min(self.policy.next_k(), self.k_max)
 
     def next_drafter(self, names: Sequence[str]) -> str:
-        return self.policy.next_drafter(names) if isinstance(self.policy, DrafterChoice) else names[0]
+        return choose_drafter(self.policy, names)
 
     def observe(self, outcome: IterationOutcome) -> None:
         self.policy.observe(outcome)
