@@ -58,6 +58,7 @@ from typing import Any
 
 from trtspec.control.breaker import BreakerState
 from trtspec.control.governor import SpeculationGovernor
+from trtspec.decoding.types import DrafterKind
 from trtspec.errors import one_line
 from trtspec.serving import statusfile
 from trtspec.serving.deadline import AdaptiveDeadline, WorkDeadline
@@ -86,6 +87,7 @@ class HealthConfig:
     probe_timeout_s: float = 30.0
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     status_interval_s: float = 1.0
+    default_drafter: DrafterKind = DrafterKind.MODEL  # what the status's ``speculation`` speaks of
 
     @classmethod
     def from_params(cls, p: SpecDecodeParams) -> HealthConfig:
@@ -101,6 +103,7 @@ class HealthConfig:
             timeout_per_token_s=p.timeout_per_token_s,
             prefill_chunk_tokens=p.prefill_chunk_tokens,
             probe_timeout_s=p.probe_timeout_s,
+            default_drafter=DrafterKind(p.default_drafter),
             supervisor=SupervisorConfig(
                 backoff_initial_s=p.reload_backoff_initial_s,
                 backoff_max_s=p.reload_backoff_max_s,
@@ -329,7 +332,21 @@ class DeploymentHealth:
     # -- status --------------------------------------------------------------------------
 
     def speculation(self) -> tuple[str, str]:
-        """(``on`` | ``degraded`` | ``off``, why) for new requests right now."""
+        """(``on`` | ``degraded`` | ``off``, why) for new requests that name no drafter right now
+        (they draft with ``default_drafter``). The draft model's health and the breaker gate the
+        model only: ``ngram``/``suffix`` speculate without either; ``auto`` goes on with them alone."""
+        if self.governor.policy.rollout.mode.value == "off":
+            return "off", "rollout mode off"
+        drafter = self.config.default_drafter
+        if drafter.free:
+            return "on", f"drafter {drafter.value}: needs no draft model, not gated by the breaker"
+        mode, why = self._model_speculation()
+        if drafter is DrafterKind.AUTO and mode != "on":
+            return ("on" if self.draft is None else "degraded"), f"{why}: auto drafts with ngram/suffix alone"
+        return mode, why
+
+    def _model_speculation(self) -> tuple[str, str]:
+        """(``on`` | ``degraded`` | ``off``, why) of drafting with the draft model right now."""
         if self.draft is None:
             return "off", "no draft model deployed"
         if self.config.supervise and not self.draft.healthy:
@@ -341,8 +358,6 @@ class DeploymentHealth:
             return "degraded", "breaker half-open: a share of requests speculates, as probes"
         if state is BreakerState.SOFT:
             return "degraded", "breaker soft: k halved, fewer requests speculate"
-        if self.governor.policy.rollout.mode.value == "off":
-            return "off", "rollout mode off"
         return "on", "draft healthy, breaker closed"
 
     def snapshot(self) -> dict:
