@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from trtspec.control import FallbackGuard
 from trtspec.control.config import FallbackConfig
 from trtspec.decoding.types import IterationOutcome
@@ -64,3 +68,16 @@ def test_disabled_never_falls_back() -> None:
     for _ in range(10):
         g.observe(outcome(5, 0))
     assert not g.active and g.fallbacks == 0
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_a_free_drafters_rejections_neither_count_nor_reset(drafter: str) -> None:
+    g = FallbackGuard(FallbackConfig())
+    free = dataclasses.replace(outcome(5, 0), drafter=drafter)
+    g.observe(outcome(4, 0))
+    g.observe(outcome(4, 0))
+    for _ in range(10):  # a lookup's wrong drafts cost only rows of the target's pass
+        assert not g.observe(free)
+    assert not g.active
+    assert g.observe(dataclasses.replace(outcome(4, 0), drafter="model"))  # the model's third
+    assert g.active

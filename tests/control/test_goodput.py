@@ -388,6 +388,23 @@ def test_positions_never_drafted_are_assumed_like_the_ones_before() -> None:
     assert model.estimate(0, 0).k_best > 3  # so longer drafts get tried
 
 
+def test_a_request_that_would_not_start_drafting_gains_nothing() -> None:
+    """``gain`` (what ``auto`` weighs drafters by) is 1.0 whenever ``next_k`` would answer 0 though
+    a ``k`` pays per iteration: a short request whose first draft does not pay for the draft's read
+    of its prompt (``not_worth_it``), then waits for measured evidence (``wait``)."""
+    model = GoodputModel(8, GoodputConfig())
+    c = GoodputController(model, 8, model.config, max_new_tokens=3)
+    c.observe(outcome(0, 0, v=lambda _k: 20 * V0))  # the prefill
+    reasons = []
+    for _ in range(3):
+        assert model.estimate(0, 0).k_best > 0  # drafting pays per iteration
+        assert c.gain() == 1.0
+        assert c.next_k() == 0
+        reasons.append(c.last_reason)
+        c.observe(outcome(0, 0))
+    assert reasons == ["not_worth_it", "wait", "wait"]
+
+
 # -- auto: the free drafter, the draft model or none ---------------------------------------
 
 

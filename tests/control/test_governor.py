@@ -209,6 +209,23 @@ def test_fallback_after_three_zero_accepts_then_retry(clock: FakeClock) -> None:
     assert (st.speculated_requests, st.fallback_requests) == (1, 1)
 
 
+def test_a_fallen_back_auto_request_drafts_with_its_free_drafter(clock: FakeClock) -> None:
+    gov = SpeculationGovernor(policy(draft_length={"controller": "goodput"}, breaker={"enabled": False}), clock)
+    c = gov.decide(info(drafter=DrafterKind.AUTO))
+    offered = []
+    c.controller.next_drafter = lambda names: offered.append(tuple(names)) or names[-1]
+    for _ in range(3):  # the model's drafts all rejected: the fallback starts
+        assert c.next_drafter(["suffix", "model"]) == "model"
+        c.observe(dataclasses.replace(outcome(4, 0), drafter="model"))
+    assert c.fallback.active and gov.snapshot().fallbacks_total == 1
+    assert c.next_drafter(["suffix", "model"]) == "suffix"  # the model is not offered while it cools down
+    assert offered[-1] == ("suffix",)
+    c.next_k()
+    assert c.last_cause == "controller"  # the free drafter's k is the controller's
+    assert c.next_drafter(["model"]) == "model" and c.next_k() == 0 and c.last_cause == "fallback"
+    c.finish()
+
+
 def test_not_speculating_requests_never_draft_but_teach_the_cost_model(clock: FakeClock) -> None:
     gov = SpeculationGovernor(Policy(), clock)
     c = gov.decide(info(speculation=Speculation.OFF))

@@ -527,19 +527,29 @@ class GoodputController:
         g = est.goodput
         return remaining / g[0] - remaining / g[k] - unseen * self.model.catchup_per_token()
 
+    def _held(self, est: GoodputEstimate, k: int) -> str | None:
+        """Why this request does not start (or resume) drafting ``k > 0`` now, though it pays per
+        iteration (``wait`` | ``not_worth_it``); None when it drafts."""
+        if self._resting and est.evidence < RESUME_MIN_EVIDENCE:
+            # after target-only steps, drafting again costs the draft a read of
+            # everything it missed: do it on measurements, not on the priors alone
+            return "wait"
+        if (self._resting or self._decided == 0) and self._start_value(est, k) <= 0:
+            # drafting pays per iteration, but not enough, over what is left, to pay
+            # for the draft's read of what it has not seen (at a first draft: the prompt)
+            return "not_worth_it"
+        return None
+
     def _choose(self) -> int:
         est = self.model.estimate(self._accepted, self._tested)
         k = min(est.k_best, self.k_max)
         reason = "nothing_pays"
-        if k > 0 and self._resting and est.evidence < RESUME_MIN_EVIDENCE:
-            # after target-only steps, drafting again costs the draft a read of
-            # everything it missed: do it on measurements, not on the priors alone
+        held = self._held(est, k) if k > 0 else None
+        if held == "wait":
             self.last_reason = "wait"
             return 0
-        if k > 0 and (self._resting or self._decided == 0) and self._start_value(est, k) <= 0:
-            # drafting pays per iteration, but not enough, over what is left, to pay
-            # for the draft's read of what it has not seen (at a first draft: the prompt)
-            k, reason = 0, "not_worth_it"
+        if held is not None:
+            k, reason = 0, held
         if k == 0:
             if self._decided == 0:  # a new request's first draft: the cheapest moment to probe
                 if reason == "nothing_pays":  # (not_worth_it: drafting pays, but not for this read)
@@ -590,9 +600,13 @@ class GoodputController:
 
     def gain(self) -> float:
         """What drafting the best ``k`` is expected to be worth now: its goodput over the target
-        alone's (1.0: nothing pays), for this request's evidence."""
+        alone's, for this request's evidence; 1.0 when nothing pays or the request would not
+        draft now (``wait``, ``not_worth_it``: :meth:`next_k` would answer 0)."""
         est = self.model.estimate(self._accepted, self._tested)
-        return est.goodput[est.k_best] / est.goodput[0]
+        k = min(est.k_best, self.k_max)
+        if k == 0 or self._held(est, k) is not None:
+            return 1.0
+        return est.goodput[k] / est.goodput[0]
 
     def finish(self) -> None:
         self.model.request_finished(self._accepted, self._tested, self._emitted)
@@ -604,8 +618,9 @@ class AutoDrafterController:
     that drafter alone).
 
     Rule: before each iteration, the drafter whose controller expects the largest gain of its best
-    ``k`` over the target alone (:meth:`GoodputController.gain`, from ``E[k] / T[k]``) drafts; on a
-    tie the one listed first (the free drafter: a lookup costs nothing). Its controller then picks
+    ``k`` over the target alone (:meth:`GoodputController.gain`, from ``E[k] / T[k]``; none for a
+    controller that would not draft now) drafts; on a tie the one listed first (the free drafter:
+    a lookup costs nothing). Its controller then picks
     ``k`` as it would alone (0 when nothing pays, a probe at its first drafting iteration). The
     drafter that drafted an iteration learns from it; the others only follow the request; an
     iteration nobody drafted (the prefill, a lookup that found nothing) teaches all of them what a

@@ -26,13 +26,13 @@ reason and the request runs on the target alone:
    ``ngram`` or ``suffix`` skips it; an ``auto`` request it bars still
    speculates, with its free drafter alone.
 
-Per iteration, :meth:`RequestControl.next_k` returns 0 while the request's
-fallback cools down or, for the draft model, while the breaker is OPEN (or
-HALF_OPEN for a request that is not a probe), else the controller's ``k``
-capped at ``k_max`` (the model's halved while the breaker is SOFT);
+Per iteration, :meth:`RequestControl.next_k` returns 0, for the draft model,
+while the request's fallback cools down or the breaker is OPEN (or HALF_OPEN
+for a request that is not a probe), else the controller's ``k`` capped at
+``k_max`` (the model's halved while the breaker is SOFT);
 :meth:`RequestControl.next_drafter` does not offer ``auto`` the model while the
-breaker bars it. ``observe`` feeds the breaker (the model's iterations), the
-fallback guard and the controller. Shared state (breaker, admission, rollout, goodput
+breaker or the fallback bars it. ``observe`` feeds the breaker and the fallback
+guard (the model's iterations) and the controller. Shared state (breaker, admission, rollout, goodput
 estimates, counters) is locked; a ``RequestControl`` belongs to the one thread
 that runs its request.
 """
@@ -307,7 +307,7 @@ class RequestControl:
             k, cause = 0, "not_speculating"
         elif (cap := self.governor.k_cap(self.route.probe, self._drafter)) == 0:
             k, cause = 0, "breaker"
-        elif self.fallback.active:
+        elif self.fallback.active and not self._drafter.free:
             k, cause = 0, "fallback"
         else:
             k, cause = max(0, min(self.controller.next_k(), cap)), "controller"
@@ -318,18 +318,24 @@ class RequestControl:
 
     def next_drafter(self, names: Sequence[str]) -> str:
         """The controller's choice when it chooses (``auto`` under goodput), else the first; the
-        draft model is not offered while the breaker bars it and another drafter is open."""
+        draft model is not offered while the breaker or the fallback bars it and another drafter is open."""
         if isinstance(self.controller, DrafterChoice):
-            offered = [n for n in names if self.governor.k_cap(self.route.probe, DrafterKind(n)) > 0]
+            offered = [n for n in names if self._may_draft(DrafterKind(n))]
             name = self.controller.next_drafter(offered or names)
         else:
             name = names[0]
         self._drafter = DrafterKind(name)
         return name
 
+    def _may_draft(self, drafter: DrafterKind) -> bool:
+        """Neither the breaker nor this request's fallback bars ``drafter`` now (both guard the model)."""
+        if drafter.free:
+            return True
+        return self.governor.k_cap(self.route.probe, drafter) > 0 and not self.fallback.active
+
     def observe(self, outcome: IterationOutcome) -> None:
         gov = self.governor
-        if not (outcome.drafter and DrafterKind(outcome.drafter).free):  # the breaker guards the draft model
+        if not outcome.free_drafted:  # the breaker guards the draft model
             gov.breaker.observe(outcome.k, outcome.accepted)
         if self.controller is not None:
             self.controller.observe(outcome)

@@ -153,6 +153,12 @@ class IterationOutcome:
     draft_failed: bool = False
     drafter: str = ""  # the drafter's name ("" when none drafted: k == 0 by choice)
 
+    @property
+    def free_drafted(self) -> bool:
+        """Drafted by a free drafter (``ngram``, ``suffix``): the breaker and the fallback, which
+        guard the draft model, neither count nor act on it."""
+        return bool(self.drafter) and DrafterKind(self.drafter).free
+
 
 @dataclass
 class SpecStats:
