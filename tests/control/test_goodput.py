@@ -450,6 +450,18 @@ def test_auto_drafts_with_the_model_when_the_free_drafter_is_wrong() -> None:
     assert sum(p.startswith("suffix:") for p in picks) <= 2
 
 
+def test_auto_probes_the_model_again_after_a_bad_stretch() -> None:
+    """Nothing pays, so neither drafter's gain says draft: the model still gets its probe (its
+    first decision in a request), so it is found again once it drafts well."""
+    models = auto_models()
+    for _ in range(3):  # a stretch where every draft is wrong: nothing pays
+        run_auto(models, {"suffix": lambda k: 0, "model": lambda k: 0}, 30)
+    picks = []
+    for _ in range(20):
+        picks.append(run_auto(models, {"suffix": lambda k: 0, "model": good}, 30))
+    assert all(sum(p.startswith("model:") for p in request) >= 25 for request in picks[-5:])
+
+
 def test_auto_runs_on_the_target_alone_when_no_drafter_pays() -> None:
     models = auto_models()
     for _ in range(20):

@@ -509,6 +509,11 @@ class GoodputController:
         # why the last k was chosen: best | nothing_pays | not_worth_it | probe | explore | wait
         self.last_reason = "start"
 
+    @property
+    def first_decision(self) -> bool:
+        """This request has not asked this controller for a ``k`` yet."""
+        return self._decided == 0
+
     def next_k(self) -> int:
         k = self._choose()
         self._decided += 1
@@ -620,17 +625,18 @@ class AutoDrafterController:
     Rule: before each iteration, the drafter whose controller expects the largest gain of its best
     ``k`` over the target alone (:meth:`GoodputController.gain`, from ``E[k] / T[k]``; none for a
     controller that would not draft now) drafts; on a tie the one listed first (the free drafter:
-    a lookup costs nothing). Its controller then picks
-    ``k`` as it would alone (0 when nothing pays, a probe at its first drafting iteration). The
-    drafter that drafted an iteration learns from it; the others only follow the request; an
-    iteration nobody drafted (the prefill, a lookup that found nothing) teaches all of them what a
-    target step costs.
+    a lookup costs nothing). Its controller then picks ``k`` as it would alone (0 when nothing
+    pays). When nothing pays by the estimates, each drafter this request has not asked yet decides
+    in turn, until one drafts: its first decision is where it may probe. The drafter that drafted
+    an iteration learns from it; the others only follow the request; an iteration nobody drafted
+    (the prefill, a lookup that found nothing) teaches all of them what a target step costs.
     """
 
     def __init__(self, controllers: dict[str, GoodputController]) -> None:
         assert controllers
         self.controllers = controllers
         self._current = next(iter(controllers))
+        self._k: int | None = None  # the k _probe decided for the next iteration
 
     @property
     def last_reason(self) -> str:
@@ -640,9 +646,27 @@ class AutoDrafterController:
         offered = [n for n in names if n in self.controllers] or list(names[:1])
         gains = {n: self.controllers[n].gain() if n in self.controllers else 1.0 for n in offered}
         self._current = max(offered, key=lambda n: (gains[n], -offered.index(n)))
+        self._k = None
+        if gains[self._current] <= 1.0:
+            self._probe(offered)
         return self._current
 
+    def _probe(self, offered: Sequence[str]) -> None:
+        """Nothing pays by the estimates: each drafter not yet asked in this request decides as it
+        would alone (its first decision is where it probes), in order, until one drafts. Without
+        this, a drafter whose estimates say nothing pays is never chosen, so never probes, and its
+        estimates never change (seen: after a bad stretch ``auto`` never drafted with the model again)."""
+        for name in offered:
+            ctl = self.controllers.get(name)
+            if ctl is not None and ctl.first_decision:
+                self._current, self._k = name, ctl.next_k()
+                if self._k > 0:
+                    return
+
     def next_k(self) -> int:
+        if self._k is not None:  # decided by _probe
+            k, self._k = self._k, None
+            return k
         ctl = self.controllers.get(self._current)
         return ctl.next_k() if ctl is not None else 0
 
