@@ -15,7 +15,9 @@ controller, one per workload, learning over the workload's requests in order).
 Goals: on (b) the free drafters >= 2.0x over off; on (a) auto >= 0.97x of the better
 of off and model.
 
-Numbers vary run to run by a few percent on a shared machine; compare within one run.
+Our systems run prompt by prompt (each prompt on every system before the next), so a machine
+whose speed drifts during the run (seen: 10-12 tokens/s for the target alone on one machine
+within minutes) weighs on all alike; the HF rows run after them. Compare within one run.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from trtspec.control.config import DraftLengthConfig, Policy
 from trtspec.control.governor import SpeculationGovernor
 from trtspec.control.types import RequestInfo
 from trtspec.data import benchmark_prompts, copy_edit_prompts
-from trtspec.decoding import DrafterKind, FixedDraftLength
+from trtspec.decoding import DrafterKind, FixedDraftLength, SpecStats
 from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
 
@@ -39,17 +41,27 @@ WORKLOADS = {"chat": benchmark_prompts, "copy": copy_edit_prompts}
 
 
 def run_ours(pair, prompts_ids, max_tokens, eos, k) -> dict[str, dict]:
-    """off, model, ngram, suffix (fixed k) and auto (goodput through a governor), in that order."""
-    out = {}
-    for name, drafter, kk in (("off", DrafterKind.MODEL, 0), ("model", DrafterKind.MODEL, k),
-                              ("ngram", DrafterKind.NGRAM, k), ("suffix", DrafterKind.SUFFIX, k)):
-        out[name] = run_loop(pair.decoder(), prompts_ids, max_tokens, eos, lambda _r, kk=kk: FixedDraftLength(kk), drafter)
-        progress(f"ours: {name}", out[name])
+    """off, model, ngram, suffix (fixed k) and auto (goodput through a governor), prompt by prompt:
+    each prompt runs on every system before the next one, so a machine that speeds up or slows
+    down during the run weighs on all alike. Each system keeps its own decoder (suffix's store of
+    recent outputs) and auto its governor, learning over the prompts in order."""
     gov = SpeculationGovernor(Policy(draft_length=DraftLengthConfig(controller="goodput", k_max=max(k, 1))))
-    out["auto"] = run_loop(pair.decoder(), prompts_ids, max_tokens, eos,
-                           lambda r: gov.decide(RequestInfo.from_request(r)), DrafterKind.AUTO,
-                           finish=lambda p: p.finish())
-    progress("ours: auto", out["auto"])
+    systems = {name: (drafter, lambda _r, kk=kk: FixedDraftLength(kk), lambda _p: None)
+               for name, drafter, kk in (("off", DrafterKind.MODEL, 0), ("model", DrafterKind.MODEL, k),
+                                         ("ngram", DrafterKind.NGRAM, k), ("suffix", DrafterKind.SUFFIX, k))}
+    systems["auto"] = (DrafterKind.AUTO, lambda r: gov.decide(RequestInfo.from_request(r)), lambda p: p.finish())
+    decoders = {name: pair.decoder() for name in systems}
+    out = {name: {"outputs": [], "time_s": 0.0, "tokens": 0, "stats": SpecStats()} for name in systems}
+    for ids in prompts_ids:
+        for name, (drafter, policy, finish) in systems.items():
+            r = run_loop(decoders[name], [ids], max_tokens, eos, policy, drafter, finish=finish)
+            acc = out[name]
+            acc["outputs"] += r["outputs"]
+            acc["time_s"] += r["time_s"]
+            acc["tokens"] += r["tokens"]
+            acc["stats"].merge(r["stats"])
+    for name, r in out.items():
+        progress(f"ours: {name}", r)
     return out
 
 

@@ -155,14 +155,15 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
                       include_usage: bool, endpoint: str, t0: float) -> AsyncIterator[str]:
         status, ttft = 499, None  # a stream cut short is the client's doing (Starlette cancels us)
         try:
-            if renderer.kind == "chat":
-                yield sse(renderer.chunk(role=True, with_usage_field=include_usage))
+            # chat opens with the role; sent with the first text, one write (the first token sooner)
+            head = sse(renderer.chunk(role=True, with_usage_field=include_usage)) if renderer.kind == "chat" else ""
             event = first
             while event.result is None:
                 ttft = time.perf_counter() - t0 if ttft is None else ttft
-                yield sse(renderer.chunk(event.text, with_usage_field=include_usage))
+                yield head + sse(renderer.chunk(event.text, with_usage_field=include_usage))
+                head = ""
                 event = await anext(events)
-            yield sse(renderer.chunk(result=event.result, with_usage_field=include_usage))
+            yield head + sse(renderer.chunk(result=event.result, with_usage_field=include_usage))
             if include_usage:
                 yield sse(renderer.usage_chunk(event.result))
             status = 200
