@@ -305,11 +305,10 @@ class RequestControl:
     def next_k(self) -> int:
         if not self.route.speculate or self.finished or self.controller is None:
             k, cause = 0, "not_speculating"
-        elif (cap := self.governor.k_cap(self.route.probe, self._drafter)) == 0:
-            k, cause = 0, "breaker"
-        elif self.fallback.active and not self._drafter.free:
-            k, cause = 0, "fallback"
+        elif (barred := self._barred(self._drafter)) is not None:
+            k, cause = 0, barred
         else:
+            cap = self.governor.k_cap(self.route.probe, self._drafter)
             k, cause = max(0, min(self.controller.next_k(), cap)), "controller"
         self.last_k, self.last_cause = k, cause
         if self.route.speculate:
@@ -320,18 +319,20 @@ class RequestControl:
         """The controller's choice when it chooses (``auto`` under goodput), else the first; the
         draft model is not offered while the breaker or the fallback bars it and another drafter is open."""
         if isinstance(self.controller, DrafterChoice):
-            offered = [n for n in names if self._may_draft(DrafterKind(n))]
+            offered = [n for n in names if self._barred(DrafterKind(n)) is None]
             name = self.controller.next_drafter(offered or names)
         else:
             name = names[0]
         self._drafter = DrafterKind(name)
         return name
 
-    def _may_draft(self, drafter: DrafterKind) -> bool:
-        """Neither the breaker nor this request's fallback bars ``drafter`` now (both guard the model)."""
-        if drafter.free:
-            return True
-        return self.governor.k_cap(self.route.probe, drafter) > 0 and not self.fallback.active
+    def _barred(self, drafter: DrafterKind) -> str | None:
+        """What bars ``drafter`` now (``breaker`` | ``fallback``; both guard the draft model), else None."""
+        if self.governor.k_cap(self.route.probe, drafter) == 0:
+            return "breaker"
+        if self.fallback.active and not drafter.free:
+            return "fallback"
+        return None
 
     def observe(self, outcome: IterationOutcome) -> None:
         gov = self.governor
