@@ -95,7 +95,7 @@ def metric(server: TritonServer, name: str, **labels: str) -> float:
 
 def long_context_pair(root: Path) -> tuple[Path, Path]:
     """A tiny target and draft that hold 4,096 tokens (``tiny-long``): a ~3,300-token prompt takes them
-    about a second to prefill on 2 cores (the usual tiny models hold 256 and prefill in milliseconds)."""
+    1-3 s to prefill on 2 cores (the usual tiny models hold 256 and prefill in milliseconds)."""
     return pair_paths("tiny-long", root)
 
 
