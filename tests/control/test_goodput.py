@@ -377,6 +377,38 @@ def test_sampled_probes_are_rare_once_the_evidence_is_clear() -> None:
     assert sum(k > 0 for k in draws) / 500 < 0.02
 
 
+def unlucky_first_draft() -> Callable[[int], int]:
+    """A draft that agrees throughout, except that its first draft is rejected."""
+    calls = []
+
+    def accept(k: int) -> int:
+        calls.append(k)
+        return 0 if len(calls) == 1 else k
+
+    return accept
+
+
+def test_one_unlucky_rejection_does_not_stop_a_request_for_good() -> None:
+    """On a fresh server, one rejection at a request's first draft made the means say nothing
+    pays for it, and a resting request only resumed on a change of the means (which its own
+    evidence never brings while it rests): it ran on the target alone to its end (seen on the
+    demo pair, chat: auto drafted 0 model tokens on 3 of the first 10 requests). A resting
+    request redraws its acceptance from its posterior each iteration, which one rejection
+    leaves wide: it resumes, and finds the draft good."""
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0))
+    ks = run_request(model, unlucky_first_draft(), 40)
+    assert ks[0] > 0  # the priors say speculation pays: the first draft, rejected
+    assert sum(k >= 4 for k in ks[10:]) / 30 > 0.8
+
+
+def test_auto_redraws_a_model_stopped_by_one_unlucky_rejection() -> None:
+    """The same under ``auto``: a resting model's gain is its redraw's, so it is chosen again
+    over a free drafter that finds nothing on chat-like text."""
+    models = auto_models()
+    picks = run_auto(models, {"suffix": lambda k: 0, "model": unlucky_first_draft()}, 40)
+    assert sum(p.startswith("model:") for p in picks[10:]) / 30 > 0.8
+
+
 def test_positions_never_drafted_are_assumed_like_the_ones_before() -> None:
     model = GoodputModel(8, GoodputConfig(prior_acceptance=0.5))
     c = GoodputController(model, 8, model.config)

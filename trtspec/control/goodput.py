@@ -67,9 +67,14 @@ Exploration, so that estimates do not go stale:
   drafting iteration, or when it resumes) only if the saving over the tokens
   expected to remain pays for the draft's read of what it has not seen
   (``not_worth_it`` otherwise; only ``probe_share`` probes still start it). A request that went
-  to the target alone drafts again only on measured evidence
+  to the target alone drafts again by the means only on measured evidence
   (``RESUME_MIN_EVIDENCE`` tested positions), not on the priors alone: after
-  a run of target-only steps the draft must first read everything it missed.
+  a run of target-only steps the draft must first read everything it missed;
+- while a request that has drafted would not draft by the means, but drafting pays for requests
+  in general, each iteration draws its acceptance from its posterior (its own counts, shrunk
+  toward everyone's as above) and drafts when the drawn rate pays, the draft's read of what it
+  missed included (``redraw``). Its own evidence never changes while it rests, so without this
+  one early rejection, against a weak prior, kept it on the target alone to its end.
 """
 
 from __future__ import annotations
@@ -340,14 +345,19 @@ class GoodputModel:
         between = max(spread - noise, 1e-4)
         return min(50.0, max(0.5, mu * (1.0 - mu) / between - 1.0))
 
-    def estimate(self, accepted: int, tested: int) -> GoodputEstimate:
-        """The estimate for a request that has so far had ``accepted`` of ``tested`` positions accepted."""
+    def estimate(self, accepted: int, tested: int, draw: bool = False) -> GoodputEstimate:
+        """The estimate for a request that has so far had ``accepted`` of ``tested`` positions accepted;
+        with ``draw``, its pooled acceptance is drawn from its posterior (Thompson sampling) instead
+        of taken at the posterior's mean."""
         with self._lock:
             a_g, pooled_g = self._global()
             m = self._request_prior_strength()
             t = self.costs.iteration_times()
             evidence = self._tested[0] + tested
-        pooled_r = (accepted + m * pooled_g) / (tested + m)
+            if draw:
+                pooled_r = self._rng.betavariate(accepted + m * pooled_g, tested - accepted + m * (1.0 - pooled_g))
+        if not draw:
+            pooled_r = (accepted + m * pooled_g) / (tested + m)
         a_r = scale_acceptance(a_g, pooled_g, pooled_r)
         k, g = best_k(a_r, t, self.config.min_gain)
         return GoodputEstimate(a_r, evidence, pooled_r, t, k, g)
@@ -506,7 +516,8 @@ class GoodputController:
         self._decided = 0  # next_k calls: the loop asks none for the request's prefill iteration
         self._prev_k: int | None = None  # k of the last iteration the loop ran
         self._resting = False  # the last k returned was 0 because nothing paid (or not enough)
-        # why the last k was chosen: best | nothing_pays | not_worth_it | probe | explore | wait
+        self._drawn: tuple[int, float] | None = None  # this iteration's redraw (k, gain), once made
+        # why the last k was chosen: best | nothing_pays | not_worth_it | probe | explore | wait | redraw
         self.last_reason = "start"
 
     @property
@@ -550,11 +561,15 @@ class GoodputController:
         k = min(est.k_best, self.k_max)
         reason = "nothing_pays"
         held = self._held(est, k) if k > 0 else None
-        if held == "wait":
-            self.last_reason = "wait"
-            return 0
         if held is not None:
             k, reason = 0, held
+        redrawn = self._redraw()[0] if k == 0 else 0
+        if redrawn > 0:
+            self.last_reason = "redraw"
+            return redrawn
+        if reason == "wait":
+            self.last_reason = "wait"
+            return 0
         if k == 0:
             if self._decided == 0:  # a new request's first draft: the cheapest moment to probe
                 if reason == "nothing_pays":  # (not_worth_it: drafting pays, but not for this read)
@@ -583,10 +598,27 @@ class GoodputController:
         self.last_reason = "best"
         return k
 
+    def _redraw(self) -> tuple[int, float]:
+        """A request that would not draft now by the means but has evidence of its own, where drafting
+        pays for requests in general, draws its acceptance from its posterior (Thompson sampling):
+        the ``k`` best for the drawn rate and its gain, when starting again pays for the draft's read
+        of what it missed at that rate; else ``(0, 1.0)``. One draw per iteration (:meth:`gain` and
+        :meth:`next_k` see the same). One rejection leaves the posterior wide, so a request stopped
+        by bad luck resumes soon; one whose draft disagrees seldom does."""
+        if self._drawn is None:
+            self._drawn = (0, 1.0)
+            if self._tested > 0 and self.model.estimate(0, 0).k_best > 0:
+                est = self.model.estimate(self._accepted, self._tested, draw=True)
+                k = min(est.k_best, self.k_max)
+                if k > 0 and self._start_value(est, k) > 0:
+                    self._drawn = (k, est.goodput[k] / est.goodput[0])
+        return self._drawn
+
     def observe(self, outcome: IterationOutcome) -> None:
         steady = self._prev_k is not None and self._prev_k > 0
         catchup = outcome.context_len if outcome.k > 0 and self._draft_seen == 0 else 0
         self.model.observe(outcome, first=self._observed == 0, steady_draft=steady, catchup_tokens=catchup)
+        self._drawn = None
         self._emitted += outcome.emitted
         self._context = outcome.context_len + outcome.emitted
         if outcome.k > 0:
@@ -599,6 +631,7 @@ class GoodputController:
     def follow(self, outcome: IterationOutcome) -> None:
         """An iteration another drafter ran (``auto``): the request moved on; this drafter
         did not see it (its next draft reads what it missed, so its time is not a steady step)."""
+        self._drawn = None
         self._emitted += outcome.emitted
         self._context = outcome.context_len + outcome.emitted
         self._prev_k = 0
@@ -606,11 +639,12 @@ class GoodputController:
     def gain(self) -> float:
         """What drafting the best ``k`` is expected to be worth now: its goodput over the target
         alone's, for this request's evidence; 1.0 when nothing pays or the request would not
-        draft now (``wait``, ``not_worth_it``: :meth:`next_k` would answer 0)."""
+        draft now (``wait``, ``not_worth_it``: :meth:`next_k` would answer 0); a resting request's
+        redraw gains what the drawn rate says (:meth:`_redraw`)."""
         est = self.model.estimate(self._accepted, self._tested)
         k = min(est.k_best, self.k_max)
         if k == 0 or self._held(est, k) is not None:
-            return 1.0
+            return self._redraw()[1]
         return est.goodput[k] / est.goodput[0]
 
     def finish(self) -> None:
