@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 
@@ -28,10 +29,17 @@ def make(clock: FakeClock, **overrides) -> tuple[CircuitBreaker, Recorder]:
     return CircuitBreaker(BreakerConfig(**cfg), clock, [rec]), rec
 
 
+def ten(b: CircuitBreaker, accepted: int) -> None:
+    """Ten one-token drafts, ``accepted`` of them kept: ten drafted tokens and ten tested
+    positions, so the rate over either is ``1 - accepted / 10``."""
+    for i in range(10):
+        b.observe(1, int(i < accepted))
+
+
 def feed(b: CircuitBreaker, rejected_percent: int, tokens: int = 100) -> None:
-    """``tokens`` drafted tokens in iterations of 10, with ``rejected_percent`` of them rejected."""
+    """``tokens`` drafted tokens in groups of 10, with ``rejected_percent`` of them rejected."""
     for _ in range(tokens // 10):
-        b.observe(10, 10 - rejected_percent // 10)
+        ten(b, 10 - rejected_percent // 10)
 
 
 def test_starts_closed_and_needs_min_tokens(clock: FakeClock) -> None:
@@ -50,14 +58,14 @@ def test_rate_at_the_threshold_is_not_above_it(clock: FakeClock) -> None:
 def test_closed_to_soft_above_20_percent(clock: FakeClock) -> None:
     b, rec = make(clock)
     feed(b, 10)
-    b.observe(10, 7)  # window: last 100 tokens -> 9 x 10% + 30% = 12%
+    ten(b, 7)  # window: last 100 tokens -> 9 x 10% + 30% = 12%
     assert b.state is CLOSED
     feed(b, 30, tokens=50)  # 5 x 10% + 5 x 30% = 20%... plus one more 30%
-    b.observe(10, 7)
+    ten(b, 7)
     assert b.state is SOFT
     old, new, reason, rate = rec.seen[-1]
     assert (old, new, reason) == (CLOSED, SOFT, "soft_threshold_exceeded")
-    assert rate == pytest.approx(0.22)
+    assert rate == pytest.approx(0.21)  # the first rate above 20%, one token into the last ten
 
 
 def test_closed_straight_to_open_above_30_percent(clock: FakeClock) -> None:
@@ -71,7 +79,7 @@ def test_soft_to_open_above_30_percent(clock: FakeClock) -> None:
     b, rec = make(clock)
     feed(b, 30)  # 30%: soft, not hard
     assert b.state is SOFT
-    b.observe(10, 6)  # 40% pushes the window to 31%
+    ten(b, 6)  # 40% pushes the window to 31%
     assert b.state is OPEN
     assert [t[:3] for t in rec.seen] == [(CLOSED, SOFT, "soft_threshold_exceeded"),
                                          (SOFT, OPEN, "hard_threshold_exceeded")]
@@ -93,8 +101,8 @@ def test_soft_does_not_recover_within_the_margin(clock: FakeClock) -> None:
     feed(b, 30)
     clock.advance(10)
     for _ in range(9):
-        b.observe(10, 8)
-    b.observe(10, 9)
+        ten(b, 8)
+    ten(b, 9)
     assert b.snapshot().rejection_rate == pytest.approx(0.19)  # below 20% but not below 18%
     assert b.state is SOFT
 
@@ -186,3 +194,34 @@ def test_disabled_breaker_stays_closed(clock: FakeClock) -> None:
     feed(b, 100)
     assert b.state is CLOSED and b.admit() == (CLOSED, True) and rec.seen == []
     assert b.snapshot().rejection_rate is not None  # still measured, for the metrics
+
+
+def test_a_healthy_draft_drafting_long_stays_closed(clock: FakeClock) -> None:
+    """The rate is per tested position: a draft accepted at 94% of positions (the demo pair's)
+    shows ~6% at any ``k``. Over drafted tokens the same draft at ``k = 8`` shows ~23% (a token
+    after the first rejection counts as rejected), which put the breaker in SOFT."""
+    b, rec = make(clock, window_tokens=2000, min_tokens=100)
+    rng = random.Random(0)
+    drafted = accepted = 0
+    for _ in range(100):
+        kept = 0
+        while kept < 8 and rng.random() < 0.94:
+            kept += 1
+        b.observe(8, kept)
+        drafted, accepted = drafted + 8, accepted + kept
+    assert 1 - accepted / drafted > 0.2  # what the breaker watched before: SOFT
+    assert b.snapshot().rejection_rate < 0.1
+    assert b.state is CLOSED and rec.seen == []
+
+
+def test_a_draft_wrong_from_its_first_token_opens_it_as_soon_as_before(clock: FakeClock) -> None:
+    """The window and ``min_tokens`` count drafted tokens: k = 5 drafts all rejected reach 100
+    drafted tokens in 20 iterations, as before, at a rate of 100% per tested position."""
+    b, _ = make(clock, window_tokens=2000, min_tokens=100)
+    for _ in range(19):
+        b.observe(5, 0)
+    assert b.state is CLOSED
+    b.observe(5, 0)
+    assert b.state is OPEN
+    snap = b.snapshot()
+    assert (snap.window_drafted, snap.window_tested, snap.rejection_rate) == (100, 20, 1.0)

@@ -198,7 +198,8 @@ def test_breaker_transitions_through_the_listener(sink: PrometheusClientSink, me
     breaker = CircuitBreaker(BreakerConfig(), clock, listeners=[metrics])
     state = lambda s: _v(sink, "trtspec_breaker_state", state=s)  # noqa: E731
     assert [state(s) for s in M.BREAKER_STATES] == [1, 0, 0, 0]
-    breaker.observe(drafted=200, accepted=100)  # 50% rejected: past the hard threshold
+    for accepted in (0, 1) * 100:  # one-token drafts, half rejected: past the hard threshold
+        breaker.observe(drafted=1, accepted=accepted)
     assert breaker.state is BreakerState.OPEN
     assert [state(s) for s in M.BREAKER_STATES] == [0, 0, 1, 0]
     assert _v(sink, "trtspec_breaker_transitions_total", from_state="closed", to_state="open") == 1

@@ -1,10 +1,17 @@
-"""Two-level circuit breaker over the rolling rejection rate of the draft model's drafts.
+"""Two-level circuit breaker over the rolling rejection rate per tested position of the draft model's drafts.
 
 It guards the draft model (a wrong model draft costs ``k`` draft steps and a verify
 pass): the governor feeds it the iterations the model drafted (and failed or late
 model calls as all rejected), not those of the free drafters (``ngram``, ``suffix``),
 whose wrong drafts cost only their rows in the target's pass and whose normal
 rejection rate (30-60%) would open it. Its state bars the model, not them.
+
+The rate is per tested position (:mod:`trtspec.control.rates`), which does not depend on
+``k``. Until stop 26 it was over drafted tokens, which grows with ``k``: a healthy draft
+crossed the 20% threshold by drafting long (the demo pair at ``k = 8``: ~20-23% of drafted
+tokens rejected, ~5% of tested positions), and SOFT halved ``k_max`` where long drafts
+paid most. The window and ``min_tokens`` still count drafted tokens: a draft that is wrong
+from its first token shows ``k`` of them per iteration, so it is found as soon as before.
 
 States and what they allow the draft model::
 
@@ -15,7 +22,7 @@ States and what they allow the draft model::
     HALF_OPEN  after the cool-down: a half_open_fraction share of new requests
                (probes) speculate, to measure
 
-Transitions (rate = rejection rate over the window, see :mod:`trtspec.control.rates`;
+Transitions (rate = rejection rate per tested position over the window;
 no rate-driven transition before the window holds ``min_tokens`` drafted tokens)::
 
     CLOSED    -> SOFT       rate > soft_threshold (20%)
@@ -73,8 +80,9 @@ class Transition:
 @dataclass(frozen=True)
 class BreakerSnapshot:
     state: BreakerState
-    rejection_rate: float | None
+    rejection_rate: float | None  # per tested position
     window_drafted: int
+    window_tested: int
     window_accepted: int
     since: float  # clock time of the last transition
 
@@ -83,6 +91,7 @@ class BreakerSnapshot:
             "state": self.state.value,
             "rejection_rate": self.rejection_rate,
             "window_drafted": self.window_drafted,
+            "window_tested": self.window_tested,
             "window_accepted": self.window_accepted,
             "since": self.since,
         }
@@ -121,9 +130,8 @@ class CircuitBreaker:
         fired: list[Transition] = []
         with self._lock:
             self._update(fired)
-            snap = BreakerSnapshot(
-                self._state, self._window.rate(), self._window.drafted, self._window.accepted, self._since
-            )
+            w = self._window
+            snap = BreakerSnapshot(self._state, w.position_rate(), w.drafted, w.tested, w.accepted, self._since)
         self._notify(fired)
         return snap
 
@@ -188,7 +196,7 @@ class CircuitBreaker:
                 self._probe_credit = 0.0
                 self._move(BreakerState.HALF_OPEN, "cooldown_elapsed", None, fired)
             return
-        rate = self._window.rate()
+        rate = self._window.position_rate()
         if rate is None:
             return
         if self._state is BreakerState.HALF_OPEN:

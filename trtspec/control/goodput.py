@@ -285,7 +285,7 @@ class GoodputModel:
             for i in range(self.k_max):
                 self._accepted[i] *= decay
                 self._tested[i] *= decay
-            for i in range(min(k, o.accepted + 1)):
+            for i in range(min(k, o.tested)):
                 self._tested[i] += 1.0
             for i in range(min(o.accepted, k)):
                 self._accepted[i] += 1.0
@@ -624,7 +624,7 @@ class GoodputController:
         if outcome.k > 0:
             self._draft_seen = outcome.context_len + min(outcome.accepted, outcome.k - 1)
             self._accepted += outcome.accepted
-            self._tested += min(outcome.k, outcome.accepted + 1)
+            self._tested += outcome.tested
         self._prev_k = outcome.k
         self._observed += 1
 

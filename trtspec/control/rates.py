@@ -10,10 +10,23 @@ and ``accepted`` the number of those the target's verification kept. Bonus and
 correction tokens are NOT counted on either side. It is undefined (``None``)
 when nothing was drafted. This is ``1 - SpecStats.acceptance_rate`` computed
 over the window instead of over one request, and it is what the ``step``
-controller, the circuit breaker, metrics and docs all mean by the word.
+controller, metrics and docs mean by the word.
 
-Note that the rate depends on ``k``: later draft positions are accepted less
-often, so longer drafts show a higher rejection rate for the same draft model.
+The rate depends on ``k``: a drafted token after the first rejected one is
+never tested and counts as rejected, so longer drafts show a higher rejection
+rate for the same draft model (the demo pair: ~4% at ``k = 1``, ~17% at
+``k = 5`` measured, and ~20-23% at ``k = 8`` for its ~0.94-0.95 acceptance per position).
+
+**Rejection rate per tested position** (what the circuit breaker watches)::
+
+    position_rejection_rate = 1 - accepted / tested
+
+where ``tested`` counts the draft positions verification tested: each
+iteration's accepted ones and its first rejected one
+(:func:`~trtspec.decoding.types.tested_positions`). It does not depend on
+``k``: a draft whose every position is accepted with probability ``a`` shows
+``1 - a`` at any ``k`` (the demo pair: ~5%), so a controller that chooses ``k``
+(goodput, up to ``k_max``) moves the first rate and not this one.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from trtspec.control.clock import Clock
+from trtspec.decoding.types import tested_positions
 
 
 def rejection_rate(drafted: int, accepted: int) -> float | None:
@@ -35,6 +49,7 @@ class _Event:
     t: float
     drafted: int
     accepted: int
+    tested: int
 
 
 class RollingRejection:
@@ -56,25 +71,29 @@ class RollingRejection:
         self._events: deque[_Event] = deque()
         self._drafted = 0
         self._accepted = 0
+        self._tested = 0
 
     def observe(self, drafted: int, accepted: int) -> None:
         """Add one iteration (``drafted == 0`` iterations are ignored)."""
         assert 0 <= accepted <= drafted
         if drafted == 0:
             return
-        self._events.append(_Event(self._clock(), drafted, accepted))
+        tested = tested_positions(drafted, accepted)
+        self._events.append(_Event(self._clock(), drafted, accepted, tested))
         self._drafted += drafted
         self._accepted += accepted
+        self._tested += tested
         self._trim()
 
     def clear(self) -> None:
         self._events.clear()
-        self._drafted = self._accepted = 0
+        self._drafted = self._accepted = self._tested = 0
 
     def _drop_oldest(self) -> None:
         e = self._events.popleft()
         self._drafted -= e.drafted
         self._accepted -= e.accepted
+        self._tested -= e.tested
 
     def _trim(self) -> None:
         if self.window_s is not None:
@@ -96,7 +115,18 @@ class RollingRejection:
         self._trim()
         return self._accepted
 
+    @property
+    def tested(self) -> int:
+        """Draft positions tested in the window (see the module docstring)."""
+        self._trim()
+        return self._tested
+
     def rate(self) -> float | None:
         """The rejection rate over the window (see the module docstring)."""
         self._trim()
         return rejection_rate(self._drafted, self._accepted)
+
+    def position_rate(self) -> float | None:
+        """The rejection rate per tested position over the window (see the module docstring)."""
+        self._trim()
+        return rejection_rate(self._tested, self._accepted)

@@ -159,6 +159,18 @@ class IterationOutcome:
         guard the draft model, neither count nor act on it."""
         return bool(self.drafter) and DrafterKind(self.drafter).free
 
+    @property
+    def tested(self) -> int:
+        return tested_positions(self.k, self.accepted)
+
+
+def tested_positions(k: int, accepted: int) -> int:
+    """Draft positions verification tested of ``k`` drafted, ``accepted`` kept: the accepted ones
+    and the first rejected one (the positions after a rejection are never tested). A draft whose
+    every position is accepted with probability ``a`` has ``1 - accepted / tested`` near ``1 - a``
+    at any ``k``."""
+    return min(k, accepted + 1)
+
 
 @dataclass
 class SpecStats:

@@ -275,8 +275,9 @@ BREAKER_STATE = MetricSpec(
 ROLLING_REJECTION_RATE = MetricSpec(
     "trtspec_rolling_rejection_rate",
     Kind.GAUGE,
-    "The breaker's rolling rejection rate of the draft model's drafts (1 - accepted/drafted over its window; "
-    "NaN when nothing was drafted).",
+    "The breaker's rolling rejection rate per tested position of the draft model's drafts (1 - accepted/tested "
+    "over its window, tested: accepted positions and each iteration's first rejected one; NaN when nothing "
+    "was drafted).",
     ("model",),
     "max(trtspec_rolling_rejection_rate)",
 )

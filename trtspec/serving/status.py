@@ -308,7 +308,7 @@ def format_status(st: dict) -> list[str]:
     if b:
         rate = b.get("rejection_rate")
         rate_s = "n/a" if rate is None else f"{rate:.1%}"
-        lines.append(f"{'breaker':<12} {b.get('state')} (rejection rate {rate_s} over {b.get('window_drafted', 0)} drafted tokens)")
+        lines.append(f"{'breaker':<12} {b.get('state')} (rejection rate {rate_s} per tested position, {b.get('window_drafted', 0)} drafted tokens)")
     else:
         lines.append(f"{'breaker':<12} unknown")
     lines.append(f"{'speculation':<12} {st.get('speculation')} ({st.get('speculation_reason')})")
