@@ -9,7 +9,9 @@ what a crashed stub looks like to Triton.
 from __future__ import annotations
 
 import os
+import platform
 import signal
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -67,10 +69,56 @@ def kill_stub(server_pid: int, model: str) -> int:
     return pids[0]
 
 
+# clock_nanosleep and nanosleep, the calls ``time.sleep`` blocks in, by architecture
+_SLEEP_SYSCALLS = {"x86_64": {"230", "35"}, "aarch64": {"115", "101"}}
+
+
+def kill_stub_asleep(server_pid: int, model: str, timeout_s: float = 10.0) -> int:
+    """``kill -9`` the (first) stub serving ``model`` at a moment one of its threads sleeps (a
+    ``fault_delay_s`` forward pass); its PID. The stub is stopped (SIGSTOP) to look and let go
+    (SIGCONT) until then.
+
+    Why: Triton 2.51's Python backend aborts the whole server about 10 s after a stub dies
+    holding a lock in the shared memory it shares with the server (``boost::interprocess::
+    lock_exception``: docs/reliability.md), which a busy stub killed at a random moment does now
+    and then. A kill inside the stub's own work is what our recovery can answer for.
+    """
+    pids = stub_pids(server_pid).get(model)
+    if not pids:
+        raise LookupError(f"no stub process for model {model!r} under server pid {server_pid}")
+    pid, sleeping = pids[0], _SLEEP_SYSCALLS.get(platform.machine(), set())
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        while _state(pid) not in ("T", "t", "Z", ""):
+            time.sleep(0.0005)  # stopping is asynchronous
+        if sleeping & _syscalls(pid):
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.002)
+    raise TimeoutError(f"stub of model {model!r} (pid {pid}) was not seen asleep within {timeout_s:g}s")
+
+
+def _state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2 :].split()[0]
+
+
+def _syscalls(pid: int) -> set[str]:
+    """The system calls ``pid``'s threads are blocked in (numbers, as ``/proc/PID/task/TID/syscall`` gives)."""
+    out = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out.add((task / "syscall").read_text().split()[0])
+        except (OSError, IndexError):
+            continue
+    return out
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rfind(")") + 2 :].split()[0] != "Z"
+    return _state(pid) not in ("", "Z")
