@@ -93,6 +93,7 @@ def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClie
     assert total("drafted_tokens") > 0 and total("accepted_tokens") > 0
     assert _v(sink, "trtspec_drafted_tokens_total", drafter="model") == total("drafted_tokens")
     assert _v(sink, "trtspec_accepted_tokens_total", drafter="model") == total("accepted_tokens")
+    assert _v(sink, "trtspec_tested_tokens_total", drafter="model") == sum(o.tested for o in outcomes)
     assert _v(sink, "trtspec_bonus_tokens_total") == total("bonus_tokens")
     assert _v(sink, "trtspec_emitted_tokens_total") == total("emitted_tokens")
 
@@ -136,12 +137,17 @@ def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClie
     assert 1 <= _v(sink, "trtspec_draft_length") <= 4
 
 
-def test_drafted_and_accepted_tokens_are_counted_by_drafter(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+def test_drafted_tested_and_accepted_tokens_are_counted_by_drafter(sink: PrometheusClientSink,
+                                                                   metrics: SpecMetrics) -> None:
     metrics.iteration(dataclasses.replace(_outcome(4, 3), drafter="ngram"))
     metrics.iteration(dataclasses.replace(_outcome(2, 1), drafter="model"))
+    metrics.iteration(dataclasses.replace(_outcome(5, 5), drafter="model"))
     metrics.iteration(dataclasses.replace(_outcome(3, 0), drafter="suffix"))
-    assert [_v(sink, "trtspec_drafted_tokens_total", drafter=d) for d in ("model", "ngram", "suffix")] == [2, 4, 3]
-    assert [_v(sink, "trtspec_accepted_tokens_total", drafter=d) for d in ("model", "ngram", "suffix")] == [1, 3, 0]
+    drafters = ("model", "ngram", "suffix")
+    assert [_v(sink, "trtspec_drafted_tokens_total", drafter=d) for d in drafters] == [7, 4, 3]
+    # tested: the accepted positions and the first rejected one (none after a fully accepted draft)
+    assert [_v(sink, "trtspec_tested_tokens_total", drafter=d) for d in drafters] == [2 + 5, 4, 1]
+    assert [_v(sink, "trtspec_accepted_tokens_total", drafter=d) for d in drafters] == [6, 3, 0]
 
 
 def test_exposition_names_match_the_table(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:

@@ -48,11 +48,12 @@ def _counter(name: str, per_step: float, steps: int = 120, **labels: str) -> dic
     return {"series": f"{name}{{{lab}}}", "values": f"0+{per_step}x{steps}"}
 
 
-def _rejection(rate: float) -> list[dict]:
-    """Drafted 100 tokens per 15 s, accepted 100 * (1 - rate)."""
+def _rejection(rate: float, drafter: str = "model", drafted: float = 160) -> list[dict]:
+    """``drafter`` tested 100 positions per 15 s (of ``drafted`` drafted tokens), accepted 100 * (1 - rate)."""
     return [
-        _counter(M.DRAFTED_TOKENS.name, 100),
-        _counter(M.ACCEPTED_TOKENS.name, round(100 * (1 - rate), 6)),
+        _counter(M.DRAFTED_TOKENS.name, drafted, drafter=drafter),
+        _counter(M.TESTED_TOKENS.name, 100, drafter=drafter),
+        _counter(M.ACCEPTED_TOKENS.name, round(100 * (1 - rate), 6), drafter=drafter),
     ]
 
 
@@ -94,8 +95,10 @@ def test_cli_rules_pass_promtool_check(tmp_path: Path, promtool: str) -> None:
 
 def test_rejection_rate_has_one_shape_everywhere() -> None:
     exprs = rule_expressions(alert_rules())
-    assert exprs[0].startswith("(1 - sum(rate(trtspec_accepted_tokens_total[5m])) / sum(rate(trtspec_drafted_tokens_total[5m])))")
-    assert exprs[1].startswith("(1 - sum(rate(trtspec_accepted_tokens_total[1m])) / sum(rate(trtspec_drafted_tokens_total[1m])))")
+    model = '{drafter="model"}'
+    for expr, w in zip(exprs[:2], ("5m", "1m")):
+        assert expr.startswith(f"(1 - sum(rate(trtspec_accepted_tokens_total{model}[{w}])) "
+                               f"/ sum(rate(trtspec_tested_tokens_total{model}[{w}])))")
     assert signals()["rejection_rate_warn"] == M.rejection_rate_expr("5m")
 
 
@@ -120,6 +123,11 @@ def test_alert_rules_fire_at_their_boundaries(tmp_path: Path, promtool: str) -> 
         _case(_rejection(0.151), [("5m", warn, []), ("5m15s", warn, warn_151), ("25m", warn, warn_151)]),
         # ... 14.9% never does
         _case(_rejection(0.149), [("5m15s", warn, []), ("25m", warn, [])]),
+        # ... nor a healthy draft drafting long: 6% per tested position, 125 drafted per 100 tested (25% of
+        # drafted tokens rejected), beside a suffix drafter rejected at 60% (free drafters are not watched)
+        _case(_rejection(0.06, drafted=125) + _rejection(0.6, drafter="suffix"), [("25m", warn, [])]),
+        # ... while the model's 15.1% fires whatever the free drafters do
+        _case(_rejection(0.151) + _rejection(0.0, drafter="ngram"), [("5m15s", warn, warn_151)]),
         # critical: 25.1% with p99 TTFT 1.99 s > 1 s fires after 1 minute (at 1m15s), not before ...
         _case(_rejection(0.251) + ttft_slow, [("1m", crit, []), ("1m15s", crit, crit_251), ("20m", crit, crit_251)]),
         # ... as with the inter-token latency SLO breached instead

@@ -56,21 +56,24 @@ def _p(q: float, spec: M.MetricSpec, by: tuple[str, ...] = ()) -> str:
 
 def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
     """The dashboard as Grafana's JSON model."""
-    accepted, drafted = M.ACCEPTED_TOKENS.name, M.DRAFTED_TOKENS.name
+    accepted, tested = M.ACCEPTED_TOKENS.name, M.TESTED_TOKENS.name
     route = ("route",)
     on_off = "{{route}}"
     panels = [
         _panel(
             "Acceptance and rejection rate",
             [
-                (f"sum(rate({accepted}[5m])) / sum(rate({drafted}[5m]))", "acceptance rate"),
+                (f"sum by (drafter) (rate({accepted}[5m])) / sum by (drafter) (rate({tested}[5m]))",
+                 "{{drafter}} acceptance per tested position"),
                 (M.rejection_rate_expr("5m"), "rejection rate (5m)"),
                 (M.rejection_rate_expr("1m"), "rejection rate (1m)"),
                 (f"max({M.ROLLING_REJECTION_RATE.name})", "breaker's rolling rejection rate"),
             ],
             unit="percentunit",
             thresholds=(cfg.warn_rejection, cfg.crit_rejection),
-            description="Rejection rate = 1 - accepted/drafted. Lines: the warning and critical alert thresholds.",
+            description="Rejection rate: the draft model's 1 - accepted/tested (tested: accepted positions and each "
+                        "draft's first rejected one), as the breaker and the alerts read it. Lines: the warning and "
+                        "critical alert thresholds.",
         ),
         _panel(
             "Acceptance by draft position",
@@ -110,7 +113,7 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
         _panel(
             "Draft length",
             [
-                (f"sum(rate({drafted}[5m])) / sum(rate({M.DRAFTS.name}[5m]))", "mean k (5m)"),
+                (f"sum(rate({M.DRAFTED_TOKENS.name}[5m])) / sum(rate({M.DRAFTS.name}[5m]))", "mean k (5m)"),
                 (f"max({M.DRAFT_LENGTH.name})", "current k (moving average)"),
                 (f"min({M.DRAFT_LENGTH_CAP.name})", "k cap"),
             ],

@@ -92,8 +92,8 @@ class SpecMetrics:
         for spec in (M.BONUS_TOKENS, M.EMITTED_TOKENS, M.FALLBACK_REQUESTS):
             s.declare(spec, l())
         for drafter in M.DRAFTERS:
-            s.declare(M.DRAFTED_TOKENS, l(drafter=drafter))
-            s.declare(M.ACCEPTED_TOKENS, l(drafter=drafter))
+            for spec in (M.DRAFTED_TOKENS, M.TESTED_TOKENS, M.ACCEPTED_TOKENS):
+                s.declare(spec, l(drafter=drafter))
         for bucket in M.BUCKET_LABELS:
             s.declare(M.DRAFTS, l(bucket=bucket))
             s.declare(M.REJECTIONS, l(bucket=bucket))
@@ -149,6 +149,7 @@ class SpecMetrics:
         s.inc(M.DRAFTS, l(bucket=bucket))
         drafter = outcome.drafter or DrafterKind.MODEL.value
         s.inc(M.DRAFTED_TOKENS, l(drafter=drafter), k)
+        s.inc(M.TESTED_TOKENS, l(drafter=drafter), outcome.tested)
         if acc:
             s.inc(M.ACCEPTED_TOKENS, l(drafter=drafter), acc)
         if outcome.bonus:

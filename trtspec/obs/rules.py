@@ -14,8 +14,9 @@ alert                              severity  fires when
                                              rollout budget (3%), with at least 20 such requests, for 5 min
 =================================  ========  ==============================================================
 
-The rejection rate is always ``1 - sum(rate(accepted)) / sum(rate(drafted))``
-(:func:`trtspec.obs.metrics.rejection_rate_expr`). The breaker can stay OPEN
+The rejection rate is always the draft model's per tested position,
+``1 - sum(rate(accepted{drafter="model"})) / sum(rate(tested{drafter="model"}))``
+(:func:`trtspec.obs.metrics.rejection_rate_expr`), the rate the breaker watches. The breaker can stay OPEN
 only ``cooldown_s`` (30 s) before probing, so "opened in the last 5 minutes"
 keeps the alert from flickering in and out between scrapes.
 """
@@ -91,7 +92,7 @@ def alert_rules(cfg: AlertConfig = AlertConfig()) -> dict:
                 "summary": f"Speculation rejection rate above {warn_pct} for {cfg.warn_for}",
                 "description": (
                     f"Rejection rate over {cfg.warn_window} is {{{{ $value | humanizePercentage }}}} "
-                    f"(1 - accepted/drafted; threshold {warn_pct}). Speculation is paying less."
+                    f"(the draft model's, 1 - accepted/tested; threshold {warn_pct}). Speculation is paying less."
                 ),
                 "runbook": (
                     "Check acceptance by position and the rejection heatmap on the dashboard; run "
