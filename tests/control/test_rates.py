@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtspec.control import FakeClock, RollingRejection, rejection_rate
+from trtspec.control.rates import take_share
 from trtspec.decoding.types import IterationOutcome, SpecStats
 
 
@@ -44,3 +45,25 @@ def test_window_by_time_drops_old_iterations(clock: FakeClock) -> None:
     assert w.rate() == 0.0
     clock.advance(10)
     assert w.rate() is None and w.drafted == 0
+
+
+@pytest.mark.parametrize(("share", "every"), [(0.1, 10), (0.2, 5), (0.5, 2), (1 / 3, 3), (0.05, 20)])
+def test_a_share_of_the_calls_is_every_nth_from_the_nth(share: float, every: int) -> None:
+    credit, taken = 0.0, []
+    for call in range(1, 10 * every + 1):
+        credit, yes = take_share(credit, share)
+        if yes:
+            taken.append(call)
+    assert taken == list(range(every, 10 * every + 1, every))  # 0.1 summed ten times is below 1.0 in floats
+
+
+def test_no_share_never_and_all_always() -> None:
+    credit, never = 0.0, []
+    for _ in range(100):
+        credit, yes = take_share(credit, 0.0)
+        never.append(yes)
+    credit, always = 0.0, []
+    for _ in range(100):
+        credit, yes = take_share(credit, 1.0)
+        always.append(yes)
+    assert not any(never) and all(always)

@@ -50,7 +50,7 @@ from typing import Protocol
 
 from trtspec.control.clock import Clock
 from trtspec.control.config import BreakerConfig
-from trtspec.control.rates import RollingRejection
+from trtspec.control.rates import RollingRejection, take_share
 
 log = logging.getLogger("trtspec.control.breaker")
 
@@ -148,10 +148,7 @@ class CircuitBreaker:
             elif state is BreakerState.HALF_OPEN:
                 allowed = force
                 if not force:
-                    self._probe_credit += self.config.half_open_fraction
-                    if self._probe_credit >= 1.0:
-                        self._probe_credit -= 1.0
-                        allowed = True
+                    self._probe_credit, allowed = take_share(self._probe_credit, self.config.half_open_fraction)
             else:
                 allowed = True
         self._notify(fired)

@@ -87,6 +87,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trtspec.control.config import GoodputConfig
+from trtspec.control.rates import take_share
 from trtspec.decoding.types import IterationOutcome
 
 _A_MIN, _A_MAX = 1e-4, 0.995
@@ -470,11 +471,8 @@ class GoodputModel:
     def take_probe_credit(self) -> bool:
         """True for a ``probe_share`` of the calls (a deterministic accumulator)."""
         with self._lock:
-            self._probe_credit += self.config.probe_share
-            if self._probe_credit >= 1.0:
-                self._probe_credit -= 1.0
-                return True
-            return False
+            self._probe_credit, taken = take_share(self._probe_credit, self.config.probe_share)
+            return taken
 
     def snapshot(self) -> dict:
         with self._lock:

@@ -130,3 +130,12 @@ class RollingRejection:
         """The rejection rate per tested position over the window (see the module docstring)."""
         self._trim()
         return rejection_rate(self._tested, self._accepted)
+
+
+def take_share(credit: float, share: float) -> tuple[float, bool]:
+    """One call of a deterministic accumulator that says yes to a ``share`` of the calls: the new
+    credit, and whether this call is one of them (with share 0.1: the 10th, 20th, ... call)."""
+    credit += share
+    if credit >= 1.0 - 1e-9:  # 0.1 added ten times is 0.9999999999999999: the 10th call, not the 11th
+        return credit - 1.0, True
+    return credit, False
