@@ -101,6 +101,22 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
     assert "successfully unloaded 'target'" in log_file.read_text()
 
 
+def test_serve_exits_non_zero_when_tritonserver_dies_under_it(target_only_repo, tmp_path):
+    """Triton can abort on its own (docs/reliability.md, "A stub killed mid-call"): ``trtspec serve``
+    must then exit with an error, its front doors closed, so a process manager starts it again."""
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    with serve_process(target_only_repo, tmp_path / "server.log") as (proc, info):
+        os.kill(info["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+        err = proc.stderr.read()
+    assert "error: tritonserver exited on its own with code -9" in err, err
+    with pytest.raises(OSError):  # the OpenAI endpoint is gone with it
+        urllib.request.urlopen(f"{info['endpoints']['openai']}/models", timeout=10)
+
+
 def test_serve_refuses_a_directory_that_is_not_a_model_repository(tmp_path):
     from trtspec.cli.serve import serve
 
