@@ -84,6 +84,13 @@ def test_acceptance_by_position() -> None:
     }
     srv = acceptance_by_position_server(deltas)
     assert srv == {"source": "server counters", "by_position": {"1": 0.9, "2": 0.75}}
+    by_drafter = {  # a server that labels them by drafter too: summed by position
+        "trtspec_drafted_tokens_by_position_total": {"drafter=model,position=1": 6.0, "drafter=suffix,position=1": 4.0,
+                                                     "drafter=model,position=2": 8.0},
+        "trtspec_accepted_tokens_by_position_total": {"drafter=model,position=1": 6.0, "drafter=suffix,position=1": 3.0,
+                                                      "drafter=model,position=2": 6.0},
+    }
+    assert acceptance_by_position_server(by_drafter)["by_position"] == {"1": 0.9, "2": 0.75}
     assert acceptance_by_position_server({}) is None
 
 

@@ -44,9 +44,12 @@ def test_the_panels_operators_asked_for() -> None:
     panels = {p["title"]: p for p in dashboard()["panels"]}
     exprs = lambda title: " ".join(t["expr"] for t in panels[title]["targets"])  # noqa: E731
     assert M.rejection_rate_expr("5m") in exprs("Acceptance and rejection rate")
-    assert "sum by (position)" in exprs("Acceptance by draft position")
+    model = '{drafter="model"}'  # the draft model's, as the alerts: free drafters' rejections cost nothing
+    assert f"sum by (position) (rate(trtspec_accepted_tokens_by_position_total{model}[5m]))" in exprs(
+        "Acceptance by draft position")
     heatmap = panels["Rejection heatmap: sequence length x time"]
-    assert heatmap["type"] == "heatmap" and "sum by (bucket) (increase(trtspec_rejections_total[5m]))" in exprs(heatmap["title"])
+    assert heatmap["type"] == "heatmap"
+    assert f"sum by (bucket) (increase(trtspec_rejections_total{model}[5m]))" in exprs(heatmap["title"])
     assert "trtspec_draft_length" in exprs("Draft length")
     assert "trtspec_breaker_state" in exprs("Breaker state")
     for title, spec in [

@@ -103,7 +103,7 @@ def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClie
     assert sink.total("trtspec_drafts_total") == len(drafts)
     assert sink.total("trtspec_rejections_total") == len(rejected)
     for bucket, n in Counter(M.length_bucket(o.context_len) for o in rejected).items():
-        assert _v(sink, "trtspec_rejections_total", bucket=bucket) == n
+        assert _v(sink, "trtspec_rejections_total", drafter="model", bucket=bucket) == n
 
     # per position (1-based labels) against the per-request SpecStats lists (0-based)
     drafted_at, accepted_at = Counter(), Counter()
@@ -114,8 +114,8 @@ def test_counters_agree_with_the_loop(tiny_pair: ModelPair, sink: PrometheusClie
             accepted_at[str(i + 1)] += n
     assert set(drafted_at) == {"1", "2", "3", "4"}
     for pos in drafted_at:
-        assert _v(sink, "trtspec_drafted_tokens_by_position_total", position=pos) == drafted_at[pos]
-        assert _v(sink, "trtspec_accepted_tokens_by_position_total", position=pos) == accepted_at[pos]
+        assert _v(sink, "trtspec_drafted_tokens_by_position_total", drafter="model", position=pos) == drafted_at[pos]
+        assert _v(sink, "trtspec_accepted_tokens_by_position_total", drafter="model", position=pos) == accepted_at[pos]
     # a prefix: position i+1 is never accepted more often than position i
     assert [accepted_at[str(i)] for i in range(1, 5)] == sorted((accepted_at[str(i)] for i in range(1, 5)), reverse=True)
 
@@ -163,10 +163,25 @@ def test_exposition_names_match_the_table(sink: PrometheusClientSink, metrics: S
 
 def test_positions_past_fifteen_share_a_label(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
     metrics.iteration(_outcome(20, 17))
-    assert _v(sink, "trtspec_drafted_tokens_by_position_total", position="15") == 1
-    assert _v(sink, "trtspec_drafted_tokens_by_position_total", position="16+") == 5  # positions 16..20
-    assert _v(sink, "trtspec_accepted_tokens_by_position_total", position="16+") == 2  # 16, 17
-    assert sink.value("trtspec_drafted_tokens_by_position_total", {"model": MODEL, "position": "17"}) is None
+    m = {"drafter": "model"}
+    assert _v(sink, "trtspec_drafted_tokens_by_position_total", position="15", **m) == 1
+    assert _v(sink, "trtspec_drafted_tokens_by_position_total", position="16+", **m) == 5  # positions 16..20
+    assert _v(sink, "trtspec_accepted_tokens_by_position_total", position="16+", **m) == 2  # 16, 17
+    assert sink.value("trtspec_drafted_tokens_by_position_total", {"model": MODEL, "position": "17", **m}) is None
+
+
+def test_positions_and_rejections_are_counted_by_drafter(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
+    """What the dashboard shows of the draft model is the model's alone: a suffix draft rejected at its first
+    token counts under its own drafter."""
+    metrics.iteration(dataclasses.replace(_outcome(3, 3), drafter="model"), seq_len=10)
+    metrics.iteration(dataclasses.replace(_outcome(4, 0), drafter="suffix"), seq_len=10)
+    pos = lambda series, d: [_v(sink, series, drafter=d, position=p) for p in "123"]  # noqa: E731
+    assert pos("trtspec_drafted_tokens_by_position_total", "model") == [1, 1, 1]
+    assert pos("trtspec_accepted_tokens_by_position_total", "model") == [1, 1, 1]
+    assert pos("trtspec_drafted_tokens_by_position_total", "suffix") == [1, 1, 1]
+    assert pos("trtspec_accepted_tokens_by_position_total", "suffix") == [0, 0, 0]  # declared: read as 0
+    assert [_v(sink, "trtspec_rejections_total", drafter=d, bucket="0-32") for d in ("model", "suffix")] == [0, 1]
+    assert [_v(sink, "trtspec_drafts_total", drafter=d, bucket="0-32") for d in ("model", "suffix")] == [1, 1]
 
 
 @pytest.mark.parametrize(
@@ -176,8 +191,8 @@ def test_positions_past_fifteen_share_a_label(sink: PrometheusClientSink, metric
 def test_heatmap_buckets(sink: PrometheusClientSink, metrics: SpecMetrics, seq_len: int, bucket: str) -> None:
     metrics.iteration(_outcome(4, 1), seq_len=seq_len)
     metrics.iteration(_outcome(4, 4), seq_len=seq_len)  # fully accepted: a draft, not a rejection
-    assert _v(sink, "trtspec_rejections_total", bucket=bucket) == 1
-    assert _v(sink, "trtspec_drafts_total", bucket=bucket) == 2
+    assert _v(sink, "trtspec_rejections_total", drafter="model", bucket=bucket) == 1
+    assert _v(sink, "trtspec_drafts_total", drafter="model", bucket=bucket) == 2
     assert sink.total("trtspec_rejections_total") == 1
 
 

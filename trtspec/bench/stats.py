@@ -156,18 +156,25 @@ def acceptance_by_position_estimate(records: Sequence[RequestRecord], max_positi
     }
 
 
+def _sum_by(series: dict, name: str) -> dict[str, float]:
+    """A counter's increase by ``series`` label set ("drafter=model,position=1") summed by the value of
+    label ``name``; label sets without it are left out."""
+    out: dict[str, float] = {}
+    for labels, v in series.items():
+        value = dict(p.split("=", 1) for p in labels.split(",") if "=" in p).get(name)
+        if value is not None:
+            out[value] = out.get(value, 0.0) + v
+    return out
+
+
 def acceptance_by_position_server(deltas: dict) -> dict | None:
-    """Per draft position, accepted / drafted from the server's by-position counters' increase; None when absent."""
+    """Per draft position, accepted / drafted from the server's by-position counters' increase (every
+    drafter's together: a run sends one drafter); None when absent."""
     drafted = deltas.get("trtspec_drafted_tokens_by_position_total")
     accepted = deltas.get("trtspec_accepted_tokens_by_position_total")
     if not drafted or not accepted:
         return None
-
-    def key(label: str) -> str:
-        return dict(p.split("=", 1) for p in label.split(",") if "=" in p).get("position", label)
-
-    d = {key(k): v for k, v in drafted.items()}
-    a = {key(k): v for k, v in accepted.items()}
+    d, a = _sum_by(drafted, "position"), _sum_by(accepted, "position")
     pos = sorted((p for p in d if d[p] > 0), key=lambda p: int(p.rstrip("+")))
     if not pos:
         return None
@@ -179,16 +186,7 @@ def acceptance_by_drafter(deltas: dict) -> dict | None:
     increase of the server's drafter-labelled counters; None when absent or nothing was drafted."""
     drafted = deltas.get("trtspec_drafted_tokens_total") or {}
     accepted = deltas.get("trtspec_accepted_tokens_total") or {}
-
-    def by_drafter(series: dict) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for label, v in series.items():
-            name = dict(p.split("=", 1) for p in label.split(",") if "=" in p).get("drafter")
-            if name is not None:
-                out[name] = out.get(name, 0.0) + v
-        return out
-
-    d, a = by_drafter(drafted), by_drafter(accepted)
+    d, a = _sum_by(drafted, "drafter"), _sum_by(accepted, "drafter")
     rows = {n: {"drafted": d[n], "accepted": a.get(n, 0.0), "acceptance_rate": a.get(n, 0.0) / d[n]}
             for n in sorted(d) if d[n] > 0}
     return rows or None

@@ -79,19 +79,21 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             "Acceptance by draft position",
             [
                 (
-                    f"sum by (position) (rate({M.ACCEPTED_BY_POSITION.name}[5m])) "
-                    f"/ sum by (position) (rate({M.DRAFTED_BY_POSITION.name}[5m]))",
+                    f"sum by (position) (rate({M.ACCEPTED_BY_POSITION.name}{M.DRAFT_MODEL}[5m])) "
+                    f"/ sum by (position) (rate({M.DRAFTED_BY_POSITION.name}{M.DRAFT_MODEL}[5m]))",
                     "position {{position}}",
                 )
             ],
             unit="percentunit",
-            description="Share of drafts reaching position i whose first i tokens were all accepted.",
+            description="The draft model's drafts: share of those reaching position i whose first i tokens "
+                        "were all accepted.",
         ),
         _panel(
             "Rejection heatmap: sequence length x time",
-            [(f"sum by (bucket) (increase({M.REJECTIONS.name}[5m]))", "{{bucket}}")],
+            [(f"sum by (bucket) (increase({M.REJECTIONS.name}{M.DRAFT_MODEL}[5m]))", "{{bucket}}")],
             kind="heatmap",
-            description="Rejection events (drafts with a rejected token) per 5 minutes, by tokens in the sequence.",
+            description="The draft model's rejection events (drafts with a rejected token) per 5 minutes, by "
+                        "tokens in the sequence.",
             options={
                 "calculate": False,
                 "yAxis": {"axisPlacement": "left"},
@@ -104,7 +106,8 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             "Rejected share of drafts by sequence length",
             [
                 (
-                    f"sum by (bucket) (rate({M.REJECTIONS.name}[5m])) / sum by (bucket) (rate({M.DRAFTS.name}[5m]))",
+                    f"sum by (bucket) (rate({M.REJECTIONS.name}{M.DRAFT_MODEL}[5m])) "
+                    f"/ sum by (bucket) (rate({M.DRAFTS.name}{M.DRAFT_MODEL}[5m]))",
                     "{{bucket}}",
                 )
             ],

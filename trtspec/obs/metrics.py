@@ -31,7 +31,8 @@ Labels are kept low-cardinality: ``model`` (the serving model's name),
 speculation on / off), ``reason`` (the decision's reason), ``position`` (draft
 position, 1-based, ``16+`` for 16 and beyond), ``bucket`` (sequence-length
 bucket), ``state`` / ``from_state`` / ``to_state`` (breaker states), ``role``
-(``draft`` | ``target``), ``outcome`` (how a request ended).
+(``draft`` | ``target``), ``drafter`` (``model`` | ``ngram`` | ``suffix``: what
+drafted the tokens), ``outcome`` (how a request ended).
 """
 
 from __future__ import annotations
@@ -124,12 +125,17 @@ def route_label(speculating: bool) -> str:
     return ROUTE_SPECULATE if speculating else ROUTE_TARGET_ONLY
 
 
+# the label selector of the draft model's series (alerts and dashboard watch the model; free drafters'
+# rejections cost next to nothing)
+DRAFT_MODEL = f'{{drafter="{DrafterKind.MODEL.value}"}}'
+
+
 def rejection_rate_expr(window: str = "5m") -> str:
     """The draft model's rejection rate per tested position over ``window``, the one shape used
     everywhere (rules, dashboard, docs)."""
-    model = f'{{drafter="{DrafterKind.MODEL.value}"}}'
     return (
-        f"1 - sum(rate({ACCEPTED_TOKENS.name}{model}[{window}])) / sum(rate({TESTED_TOKENS.name}{model}[{window}]))"
+        f"1 - sum(rate({ACCEPTED_TOKENS.name}{DRAFT_MODEL}[{window}])) "
+        f"/ sum(rate({TESTED_TOKENS.name}{DRAFT_MODEL}[{window}]))"
     )
 
 
@@ -167,9 +173,9 @@ REQUESTS = MetricSpec(
 DRAFTS = MetricSpec(
     "trtspec_drafts_total",
     Kind.COUNTER,
-    "Drafts: iterations that drafted at least one token (k > 0), by sequence-length bucket "
-    "(tokens in the sequence before the iteration).",
-    ("model", "bucket"),
+    "Drafts: iterations that drafted at least one token (k > 0), by drafter (model | ngram | suffix) and "
+    "sequence-length bucket (tokens in the sequence before the iteration).",
+    ("model", "drafter", "bucket"),
     "sum(rate(trtspec_drafts_total[5m])); mean draft length: "
     "sum(rate(trtspec_drafted_tokens_total[5m])) / sum(rate(trtspec_drafts_total[5m]))",
 )
@@ -220,30 +226,31 @@ EMITTED_TOKENS = MetricSpec(
 DRAFTED_BY_POSITION = MetricSpec(
     "trtspec_drafted_tokens_by_position_total",
     Kind.COUNTER,
-    "Drafted tokens by draft position (1 = the first drafted token of an iteration; 16+ = position 16 "
-    "and beyond): a draft of k tokens adds one at each position 1..k.",
-    ("model", "position"),
-    "acceptance by position: sum by (position) (rate(trtspec_accepted_tokens_by_position_total[5m])) "
-    "/ sum by (position) (rate(trtspec_drafted_tokens_by_position_total[5m]))",
+    "Drafted tokens by drafter and draft position (1 = the first drafted token of an iteration; 16+ = "
+    "position 16 and beyond): a draft of k tokens adds one at each position 1..k.",
+    ("model", "drafter", "position"),
+    'the draft model\'s acceptance by position: sum by (position) (rate(trtspec_accepted_tokens_by_position_total'
+    '{drafter="model"}[5m])) / sum by (position) (rate(trtspec_drafted_tokens_by_position_total{drafter="model"}[5m]))',
 )
 ACCEPTED_BY_POSITION = MetricSpec(
     "trtspec_accepted_tokens_by_position_total",
     Kind.COUNTER,
-    "Accepted tokens by draft position (1 = the first drafted token). Acceptance is a prefix: a position "
-    "counts only when it AND every earlier position of its draft were accepted, so accepted/drafted at "
-    "position i is the share of drafts reaching position i whose first i tokens were all accepted.",
-    ("model", "position"),
-    "sum by (position) (rate(trtspec_accepted_tokens_by_position_total[5m])) "
-    "/ sum by (position) (rate(trtspec_drafted_tokens_by_position_total[5m]))",
+    "Accepted tokens by drafter and draft position (1 = the first drafted token). Acceptance is a prefix: a "
+    "position counts only when it AND every earlier position of its draft were accepted, so accepted/drafted "
+    "at position i is the share of drafts reaching position i whose first i tokens were all accepted.",
+    ("model", "drafter", "position"),
+    'sum by (drafter, position) (rate(trtspec_accepted_tokens_by_position_total[5m])) '
+    '/ sum by (drafter, position) (rate(trtspec_drafted_tokens_by_position_total[5m]))',
 )
 REJECTIONS = MetricSpec(
     "trtspec_rejections_total",
     Kind.COUNTER,
-    "Rejection events (drafts with at least one drafted token rejected) by sequence-length bucket "
+    "Rejection events (drafts with at least one drafted token rejected) by drafter and sequence-length bucket "
     "(tokens in the sequence before the draft): over time, the time x length rejection heatmap.",
-    ("model", "bucket"),
-    "heatmap: sum by (bucket) (increase(trtspec_rejections_total[5m])); share of drafts rejected per bucket: "
-    "sum by (bucket) (rate(trtspec_rejections_total[5m])) / sum by (bucket) (rate(trtspec_drafts_total[5m]))",
+    ("model", "drafter", "bucket"),
+    'heatmap of the draft model: sum by (bucket) (increase(trtspec_rejections_total{drafter="model"}[5m])); '
+    'share of its drafts rejected per bucket: sum by (bucket) (rate(trtspec_rejections_total{drafter="model"}[5m])) '
+    '/ sum by (bucket) (rate(trtspec_drafts_total{drafter="model"}[5m]))',
 )
 FALLBACKS = MetricSpec(
     "trtspec_fallbacks_total",

@@ -80,7 +80,7 @@ class SpecMetrics:
         self._lock = threading.Lock()
         self._speculating = 0
         self._mean_k: float | None = None
-        self._positions: set[str] = set()  # position labels seen (declared)
+        self._positions: set[tuple[str, str]] = set()  # (drafter, position) labels seen (declared)
         self._declare()
 
     def _l(self, **labels: str) -> dict[str, str]:
@@ -94,9 +94,9 @@ class SpecMetrics:
         for drafter in M.DRAFTERS:
             for spec in (M.DRAFTED_TOKENS, M.TESTED_TOKENS, M.ACCEPTED_TOKENS):
                 s.declare(spec, l(drafter=drafter))
-        for bucket in M.BUCKET_LABELS:
-            s.declare(M.DRAFTS, l(bucket=bucket))
-            s.declare(M.REJECTIONS, l(bucket=bucket))
+            for bucket in M.BUCKET_LABELS:
+                s.declare(M.DRAFTS, l(drafter=drafter, bucket=bucket))
+                s.declare(M.REJECTIONS, l(drafter=drafter, bucket=bucket))
         for reason in M.FALLBACK_REASONS:
             s.declare(M.FALLBACKS, l(reason=reason))
         for old, new in M.BREAKER_STATE_CHANGES:
@@ -146,8 +146,8 @@ class SpecMetrics:
             return
         n = outcome.context_len if seq_len is None else seq_len
         bucket = M.length_bucket(n)
-        s.inc(M.DRAFTS, l(bucket=bucket))
         drafter = outcome.drafter or DrafterKind.MODEL.value
+        s.inc(M.DRAFTS, l(drafter=drafter, bucket=bucket))
         s.inc(M.DRAFTED_TOKENS, l(drafter=drafter), k)
         s.inc(M.TESTED_TOKENS, l(drafter=drafter), outcome.tested)
         if acc:
@@ -157,14 +157,14 @@ class SpecMetrics:
         drafted_at: Counter[str] = Counter(M.position_label(i) for i in range(1, k + 1))
         accepted_at: Counter[str] = Counter(M.position_label(i) for i in range(1, acc + 1))
         for pos, count in drafted_at.items():
-            s.inc(M.DRAFTED_BY_POSITION, l(position=pos), count)
+            s.inc(M.DRAFTED_BY_POSITION, l(drafter=drafter, position=pos), count)
             if pos in accepted_at:
-                s.inc(M.ACCEPTED_BY_POSITION, l(position=pos), accepted_at[pos])
-            elif pos not in self._positions:  # so a position never accepted reads 0, not nothing
-                s.declare(M.ACCEPTED_BY_POSITION, l(position=pos))
-            self._positions.add(pos)
+                s.inc(M.ACCEPTED_BY_POSITION, l(drafter=drafter, position=pos), accepted_at[pos])
+            elif (drafter, pos) not in self._positions:  # so a position never accepted reads 0, not nothing
+                s.declare(M.ACCEPTED_BY_POSITION, l(drafter=drafter, position=pos))
+            self._positions.add((drafter, pos))
         if acc < k:
-            s.inc(M.REJECTIONS, l(bucket=bucket))
+            s.inc(M.REJECTIONS, l(drafter=drafter, bucket=bucket))
             if self.tracer is not None and drafted is not None and target_tokens is not None:
                 self.tracer.record(request_id, outcome, drafted, target_tokens, seq_len=n)
         s.observe(M.ACCEPTED_PER_ITERATION, l(), acc)
