@@ -168,17 +168,19 @@ def _wait_idle(triton: TritonServer, timeout_s: float) -> bool:
     return True
 
 
-def _triton_cancelled(triton: TritonServer) -> float:
+def _metric(triton: TritonServer, name: str, label: str) -> float:
+    """The sum of ``name``'s samples on Triton's metrics port whose labels include ``label``."""
     text = urllib.request.urlopen(triton.endpoints.metrics_url, timeout=10).read().decode()
-    lines = [x for x in text.splitlines() if x.startswith("trtspec_requests_total{") and 'outcome="cancelled"' in x]
-    return sum(float(x.rsplit(" ", 1)[1]) for x in lines)
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name + "{") and label in x)
+
+
+def _triton_cancelled(triton: TritonServer) -> float:
+    return _metric(triton, "trtspec_requests_total", 'outcome="cancelled"')
 
 
 def _target_calls(triton: TritonServer) -> float:
     """Calls the target has answered: Triton's own count, updated per call (not per interval)."""
-    text = urllib.request.urlopen(triton.endpoints.metrics_url, timeout=10).read().decode()
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-               if x.startswith("nv_inference_request_success{") and 'model="target"' in x)
+    return _metric(triton, "nv_inference_request_success", 'model="target"')
 
 
 def test_a_disconnect_mid_stream_cancels_the_request_and_frees_its_session(served, client):

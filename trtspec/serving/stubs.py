@@ -60,13 +60,19 @@ def stub_pids(server_pid: int) -> dict[str, list[int]]:
     return dict(found)
 
 
-def kill_stub(server_pid: int, model: str) -> int:
-    """``kill -9`` the (first) stub serving ``model``; its PID. Raises LookupError when there is none."""
+def first_stub(server_pid: int, model: str) -> int:
+    """The PID of the (first) stub serving ``model``. Raises LookupError when there is none."""
     pids = stub_pids(server_pid).get(model)
     if not pids:
         raise LookupError(f"no stub process for model {model!r} under server pid {server_pid}")
-    os.kill(pids[0], signal.SIGKILL)
     return pids[0]
+
+
+def kill_stub(server_pid: int, model: str) -> int:
+    """``kill -9`` the (first) stub serving ``model``; its PID. Raises LookupError when there is none."""
+    pid = first_stub(server_pid, model)
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 # clock_nanosleep and nanosleep, the calls ``time.sleep`` blocks in, by architecture
@@ -83,10 +89,7 @@ def kill_stub_asleep(server_pid: int, model: str, timeout_s: float = 10.0) -> in
     lock_exception``: docs/reliability.md), which a busy stub killed at a random moment does now
     and then. A kill inside the stub's own work is what our recovery can answer for.
     """
-    pids = stub_pids(server_pid).get(model)
-    if not pids:
-        raise LookupError(f"no stub process for model {model!r} under server pid {server_pid}")
-    pid, sleeping = pids[0], _SLEEP_SYSCALLS.get(platform.machine(), set())
+    pid, sleeping = first_stub(server_pid, model), _SLEEP_SYSCALLS.get(platform.machine(), set())
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         os.kill(pid, signal.SIGSTOP)
