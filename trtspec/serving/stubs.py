@@ -18,17 +18,19 @@ from pathlib import Path
 STUB_NAME = "triton_python_backend_stub"
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """``/proc/PID/stat`` after the command name: state, ppid, ...; [] when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return stat[stat.rfind(")") + 2 :].split()  # "pid (comm) state ppid ..."
+
+
 def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = defaultdict(list)
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        rest = stat[stat.rfind(")") + 2 :].split()  # "pid (comm) state ppid ..."
-        if len(rest) >= 2:
+        if entry.name.isdigit() and len(rest := _stat_fields(entry.name)) >= 2:
             children[int(rest[1])].append(int(entry.name))
     return children
 
@@ -104,11 +106,8 @@ def kill_stub_asleep(server_pid: int, model: str, timeout_s: float = 10.0) -> in
 
 
 def _state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rfind(")") + 2 :].split()[0]
+    fields = _stat_fields(pid)
+    return fields[0] if fields else ""
 
 
 def _syscalls(pid: int) -> set[str]:
