@@ -140,3 +140,22 @@ def test_the_running_server_uses_the_preloaded_allocator(triton):
     # the shared server (tests/conftest.py) starts with the default: auto
     maps = Path(f"/proc/{triton.pid}/maps").read_text()
     assert "libjemalloc" in maps
+
+
+def test_an_abort_we_know_is_named_from_the_log(tmp_path):
+    """Triton 2.51's abort after a stub died holding a shared-memory lock (docs/reliability.md,
+    "A stub killed mid-call"), as its log ends, is named; a log without it names nothing."""
+    log = tmp_path / "tritonserver.log"
+    server = TritonServer(tmp_path, log_file=log)
+    assert server.known_abort() is None  # no log yet
+    log.write_text(textwrap.dedent("""\
+        I1204 10:00:01.000000 4242 server.cc:674] "successfully loaded 'draft'"
+        I1204 10:00:12.000000 4242 model_lifecycle.cc:473] "loading: draft:1"
+        """))
+    assert server.known_abort() is None
+    with log.open("a") as f:
+        f.write("terminate called after throwing an instance of 'boost::interprocess::lock_exception'\n"
+                "  what():  boost::interprocess::lock_exception\n"
+                "Signal (6) received.\n")
+    why = server.known_abort()
+    assert why is not None and "#8882" in why and "stub died holding a lock" in why and "\n" not in why

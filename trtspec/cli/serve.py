@@ -118,8 +118,9 @@ def serve(
                 log(line)
             log("serving; Ctrl-C or SIGTERM stops the server", quiet=False)
         code = server.wait()
+        why = server.known_abort()
         tail = server.log_tail(5)
-        fail(f"tritonserver exited on its own with code {code}; last log lines:\n{tail}")
+        fail(f"tritonserver exited on its own with code {code}{f': {why}' if why else ''}; last log lines:\n{tail}")
     except _Shutdown as s:
         if server is not None and server.alive():
             at_once = _drain(server, grace_period, str(s))

@@ -439,6 +439,13 @@ class TritonServer:
                     found.append(msg)
         return found[-5:]
 
+    def known_abort(self) -> str | None:
+        """Why the server aborted, where its log shows a cause we know (:data:`KNOWN_ABORTS`), in one line."""
+        if self.log_file is None or not Path(self.log_file).is_file():
+            return None
+        text = Path(self.log_file).read_text(errors="replace")
+        return next((why for sign, why in KNOWN_ABORTS.items() if sign in text), None)
+
     def log_tail(self, lines: int = 20) -> str:
         if self.log_file is None or not Path(self.log_file).is_file():
             return ""
@@ -534,6 +541,12 @@ class TritonServer:
         self.stop()
 
 
+# what a server's log shows when it aborts for a reason we know -> that reason, for the operator
+KNOWN_ABORTS = {
+    "boost::interprocess::lock_exception": (
+        "a Python-backend stub died holding a lock in the memory it shares with the server, and Triton "
+        "aborted (upstream triton-inference-server/server#8882; docs/reliability.md, \"A stub killed mid-call\")"),
+}
 _GLOG_ERROR = re.compile(r'^E\d{4} [\d:.]+\s+\d+ \S+\] "(.*?)"?$')
 
 
