@@ -154,6 +154,8 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
 
     torch.manual_seed(0)
     paths = prepare_demo(progress=say)

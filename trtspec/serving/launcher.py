@@ -425,13 +425,17 @@ class TritonServer:
         tail = self.log_tail(lines)
         return f"{where}; last lines:\n{tail}" if tail else where
 
+    def _log_text(self) -> str:
+        """The server's log so far ("" when there is none yet)."""
+        if self.log_file is None or not Path(self.log_file).is_file():
+            return ""
+        return Path(self.log_file).read_text(errors="replace")
+
     def load_errors(self) -> list[str]:
         """The first line of every "failed to load" error in the log, e.g.
         ``failed to load 'draft' version 1: Internal: RuntimeError: ...``."""
-        if self.log_file is None or not Path(self.log_file).is_file():
-            return []
         found: list[str] = []
-        for line in Path(self.log_file).read_text(errors="replace").splitlines():
+        for line in self._log_text().splitlines():
             m = _GLOG_ERROR.match(line)
             if m and "failed to load" in m.group(1):
                 msg = m.group(1).split("\\n", 1)[0].strip()  # Triton escapes the traceback's newlines
@@ -441,16 +445,11 @@ class TritonServer:
 
     def known_abort(self) -> str | None:
         """Why the server aborted, where its log shows a cause we know (:data:`KNOWN_ABORTS`), in one line."""
-        if self.log_file is None or not Path(self.log_file).is_file():
-            return None
-        text = Path(self.log_file).read_text(errors="replace")
+        text = self._log_text()
         return next((why for sign, why in KNOWN_ABORTS.items() if sign in text), None)
 
     def log_tail(self, lines: int = 20) -> str:
-        if self.log_file is None or not Path(self.log_file).is_file():
-            return ""
-        text = Path(self.log_file).read_text(errors="replace").rstrip().splitlines()
-        return "\n".join(text[-lines:])
+        return "\n".join(self._log_text().rstrip().splitlines()[-lines:])
 
     def drain(self, grace_period_s: float) -> DrainReport:
         """Stop taking requests and let the ones in flight finish, for at most ``grace_period_s``
