@@ -50,12 +50,15 @@ class _Reasons:
 
 
 def one_server(decoder, prompts_ids, max_tokens, eos, k_max) -> list[dict]:
-    """Each prompt off, then speculating, through one fresh governor (the default policy)."""
+    """Each prompt off, then speculating, through one fresh governor (the default policy, ``k_max``
+    capped as served)."""
     gov = SpeculationGovernor(Policy(draft_length=DraftLengthConfig(k_max=k_max)))
     rows = []
     for ids in prompts_ids:
-        off = run_loop(decoder, [ids], max_tokens, eos, lambda r: gov.decide(RequestInfo.from_request(r, speculation="off")),
-                       finish=lambda c: c.finish())
+        def off_control(r):
+            return gov.decide(RequestInfo.from_request(r, speculation="off"))
+
+        off = run_loop(decoder, [ids], max_tokens, eos, off_control, finish=lambda c: c.finish())
         controls: list[_Reasons] = []
 
         def control(r):
@@ -74,7 +77,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", type=int, default=10, help="fresh governors, one after another")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k-max", type=int, default=5, help="the policy's k_max (spec_decode's draft_length caps it at 5 by default)")
+    ap.add_argument("--k-max", type=int, default=5,
+                    help="the policy's k_max (spec_decode's draft_length caps it at 5 by default)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     if args.servers < 1:
