@@ -70,6 +70,12 @@ Exploration, so that estimates do not go stale:
   to the target alone drafts again by the means only on measured evidence
   (``RESUME_MIN_EVIDENCE`` tested positions), not on the priors alone: after
   a run of target-only steps the draft must first read everything it missed;
+- while the model is young (fewer than ``RESUME_MIN_EVIDENCE`` drafts ever tested, and some
+  ``k`` would pay at a high enough acceptance), a request that would not draft because nothing
+  pays by the means drafts ``probe_k`` tokens anyway (``young``), and a resting one does not
+  ``wait``: estimates from a few tokens are the prior and luck, and on a fresh server nobody
+  else drafts to measure more. A draft that seldom agrees costs a fresh server those few drafts;
+  evidence that faded later is not young (it was measured once: ``wait`` holds);
 - while a request that has drafted would not draft by the means, but drafting pays for requests
   in general, each iteration draws its acceptance from its posterior (its own counts, shrunk
   toward everyone's as above) and drafts when the drawn rate pays, the draft's read of what it
@@ -266,6 +272,7 @@ class GoodputModel:
         self._decay_idle = 1.0 - 1.0 / (TARGET_ONLY_MEMORY_FACTOR * config.memory_iterations)  # per k = 0 one
         self._accepted = [0.0] * k_max  # decayed count: position i+1 accepted
         self._tested = [0.0] * k_max  # decayed count: position i+1 drafted with 1..i accepted
+        self._ever_tested = 0  # drafting iterations ever (position 1 tested), not decayed
         self.costs = CostModel(k_max, config)
         self._history: deque[tuple[int, int]] = deque(maxlen=config.request_history)  # (accepted, tested)
         self._lengths: deque[int] = deque(maxlen=config.request_history)  # tokens emitted per finished request
@@ -288,6 +295,8 @@ class GoodputModel:
                 self._tested[i] *= decay
             for i in range(min(k, o.tested)):
                 self._tested[i] += 1.0
+            if k > 0 and o.tested > 0:
+                self._ever_tested += 1
             for i in range(min(o.accepted, k)):
                 self._accepted[i] += 1.0
             if first:
@@ -368,12 +377,16 @@ class GoodputModel:
         with self._lock:
             a_g, pooled_g = self._global()
             t = self.costs.iteration_times()
-        if best_k(scale_acceptance(a_g, pooled_g, _A_MAX), t, self.config.min_gain)[0] == 0:
+
+        def pays(pooled: float) -> bool:
+            return best_k(scale_acceptance(a_g, pooled_g, pooled), t, self.config.min_gain)[0] > 0
+
+        if not pays(_A_MAX):
             return 1.0
         lo, hi = 0.0, _A_MAX
         for _ in range(30):
             mid = (lo + hi) / 2
-            if best_k(scale_acceptance(a_g, pooled_g, mid), t, self.config.min_gain)[0] > 0:
+            if pays(mid):
                 hi = mid
             else:
                 lo = mid
@@ -447,6 +460,14 @@ class GoodputModel:
                 total -= catchup + t[kp] - t[0] - (expected_emitted(a, kp) - 1.0) * t[0]
         return total / len(pooled)
 
+    def young(self) -> bool:
+        """Fewer than ``RESUME_MIN_EVIDENCE`` drafts were ever tested, and some ``k`` would pay at a
+        high enough acceptance: the estimates are still the priors and a few tokens' luck."""
+        with self._lock:
+            if self._ever_tested >= RESUME_MIN_EVIDENCE:
+                return False
+        return self.breakeven_acceptance() < 1.0
+
     def requests_differ(self) -> bool:
         """True when at least ``min_paying_share`` of recent requests had an acceptance
         at which speculation pays now: a new request may be one of them."""
@@ -494,6 +515,7 @@ class GoodputModel:
             "mean_request_tokens": round(sum(lengths) / len(lengths), 1) if lengths else None,
             "request_prior_strength": round(m, 3),
             "k_best_now": best_k(a_g, t, self.config.min_gain)[0],
+            "young": self.young(),  # still buying its first measured drafts (see the module docstring)
         }
 
 
@@ -544,9 +566,10 @@ class GoodputController:
     def _held(self, est: GoodputEstimate, k: int) -> str | None:
         """Why this request does not start (or resume) drafting ``k > 0`` now, though it pays per
         iteration (``wait`` | ``not_worth_it``); None when it drafts."""
-        if self._resting and est.evidence < RESUME_MIN_EVIDENCE:
+        if self._resting and est.evidence < RESUME_MIN_EVIDENCE and not self.model.young():
             # after target-only steps, drafting again costs the draft a read of
             # everything it missed: do it on measurements, not on the priors alone
+            # (on a young model there is nothing to wait for: nobody else drafts)
             return "wait"
         if (self._resting or self._decided == 0) and self._start_value(est, k) <= 0:
             # drafting pays per iteration, but not enough, over what is left, to pay
@@ -568,6 +591,10 @@ class GoodputController:
         if reason == "wait":
             self.last_reason = "wait"
             return 0
+        if k == 0 and reason == "nothing_pays" and self.model.young():
+            # a few tokens' luck says nothing pays: buy the evidence before believing it
+            self.last_reason = "young"
+            return min(self.config.probe_k, self.k_max)
         if k == 0:
             if self._decided == 0:  # a new request's first draft: the cheapest moment to probe
                 if reason == "nothing_pays":  # (not_worth_it: drafting pays, but not for this read)
