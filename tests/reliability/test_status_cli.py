@@ -37,12 +37,14 @@ def test_status_of_a_healthy_deployment(triton):
             assert st["models"][m]["answers"] and st["models"][m]["triton_ready"], m
         assert st["models"]["draft"]["supervisor"]["state"] == "healthy"
         assert st["breaker"]["state"] == "closed" and st["speculation"] == "on"
+        assert st["goodput"] is None  # this repository's policy is static: no estimates to show
         text = CliRunner().invoke(_app(), ["status", "--url", f"{host}:{port}"])
         assert text.exit_code == 0
         lines = text.stdout.splitlines()
         assert lines[0].split() == ["ready", "yes"]
         assert any(line.startswith("draft") and "answers" in line for line in lines)
         assert any(line.startswith("speculation") and " on " in line for line in lines)
+        assert not any(line.startswith("goodput") for line in lines)
         ready = urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=30)
         assert ready.status == 200 and json.loads(ready.read())["ready"]
     finally:
@@ -70,3 +72,17 @@ def test_status_without_a_status_endpoint_is_one_error_line():
     result = CliRunner().invoke(_app(), ["status", "--url", f"127.0.0.1:{free_port()}", "--timeout", "5"])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: cannot reach the status endpoint") and result.stderr.count("\n") == 1
+
+
+def test_the_goodput_line_says_what_k_the_controller_would_draft_and_why():
+    from trtspec.serving.status import format_status
+
+    young = {"acceptance_per_position": [0.7, 0.7], "draft_cost_ratio": None, "k_best_now": 2,
+             "breakeven_acceptance": 0.41, "young": True}
+    line = next(x for x in format_status({"goodput": young}) if x.startswith("goodput"))
+    assert "k now 2" in line and "0.70 0.70" in line and "draft cost not measured yet" in line
+    assert "drafting pays above 0.41" in line and "young" in line
+    costly = {**young, "draft_cost_ratio": 1.2, "k_best_now": 0, "breakeven_acceptance": 1.0, "young": False}
+    line = next(x for x in format_status({"goodput": costly}) if x.startswith("goodput"))
+    assert "costs 1.20 of a target step" in line and "nothing pays at any acceptance" in line
+    assert "young" not in line

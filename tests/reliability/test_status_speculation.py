@@ -58,3 +58,14 @@ def test_auto_goes_on_with_its_free_drafter_where_the_model_cannot_draft():
 def test_rollout_off_turns_every_drafter_off(drafter):
     policy = Policy(rollout=RolloutConfig(mode=RolloutMode.OFF))
     assert _health(drafter, draft=True, policy=policy).speculation() == ("off", "rollout mode off")
+
+
+def test_the_status_carries_the_draft_models_goodput_estimates():
+    """What ``trtspec status`` prints on its ``goodput`` line: the k the controller would draft now
+    and what it is based on; none without a draft model, or under a controller that estimates nothing."""
+    gov = _health(DrafterKind.MODEL, draft=True).snapshot()["governor"]["goodput"]
+    assert gov["young"] and gov["k_best_now"] > 0  # nothing measured yet: the priors say drafting pays
+    assert 0 < gov["breakeven_acceptance"] < 1 and len(gov["acceptance_per_position"]) == Policy().draft_length.k_max
+    assert _health(DrafterKind.MODEL, draft=False).snapshot()["governor"]["goodput"] is None
+    static = Policy(draft_length={"controller": "static"})
+    assert _health(DrafterKind.MODEL, draft=True, policy=static).snapshot()["governor"]["goodput"] is None

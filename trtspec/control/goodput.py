@@ -515,6 +515,7 @@ class GoodputModel:
             "mean_request_tokens": round(sum(lengths) / len(lengths), 1) if lengths else None,
             "request_prior_strength": round(m, 3),
             "k_best_now": best_k(a_g, t, self.config.min_gain)[0],
+            "breakeven_acceptance": round(self.breakeven_acceptance(), 4),  # 1.0: no acceptance pays
             "young": self.young(),  # still buying its first measured drafts (see the module docstring)
         }
 

@@ -190,6 +190,7 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
         "models": models,
         "breaker": (control or {}).get("breaker"),
         "requests": (control or {}).get("requests"),
+        "goodput": ((control or {}).get("governor") or {}).get("goodput"),
         "control_age_s": None if control is None else round(control.get("age_s", 0.0), 1),
     }
 
@@ -312,10 +313,23 @@ def format_status(st: dict) -> list[str]:
     else:
         lines.append(f"{'breaker':<12} unknown")
     lines.append(f"{'speculation':<12} {st.get('speculation')} ({st.get('speculation_reason')})")
+    if st.get("goodput"):
+        lines.append(f"{'goodput':<12} {_goodput_text(st['goodput'])}")
     req = st.get("requests")
     if req:
         lines.append(f"{'requests':<12} {req.get('in_flight', 0)} in flight; outcomes {req.get('outcomes', {})}")
     return lines
+
+
+def _goodput_text(g: dict) -> str:
+    """The draft model's goodput estimates in one line: the k it would draft now and why."""
+    acc = " ".join(f"{a:.2f}" for a in g.get("acceptance_per_position", []))
+    cost = g.get("draft_cost_ratio")
+    cost_s = "draft cost not measured yet" if cost is None else f"a draft token costs {cost:.2f} of a target step"
+    be = g.get("breakeven_acceptance", 1.0)
+    pays = "nothing pays at any acceptance" if be >= 1.0 else f"drafting pays above {be:.2f}"
+    text = f"k now {g.get('k_best_now')}; acceptance per position {acc}; {cost_s}; {pays}"
+    return text + ("; young: still measuring its first drafts" if g.get("young") else "")
 
 
 def _calls_text(sup: dict) -> str:

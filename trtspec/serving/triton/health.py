@@ -377,6 +377,7 @@ class DeploymentHealth:
                 "speculating_now": gov.speculating_now,
                 "k_max_now": gov.k_max_now,
                 "fallbacks_total": gov.fallbacks_total,
+                "goodput": gov.goodput if self.draft is not None else None,  # the draft model's estimates
             },
         }
         if self.target is not None:
