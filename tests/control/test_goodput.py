@@ -9,9 +9,9 @@ import pytest
 
 from trtspec.control.config import GoodputConfig
 from trtspec.control.goodput import (
+    RESUME_MIN_EVIDENCE,
     CostModel,
     GoodputController,
-    RESUME_MIN_EVIDENCE,
     GoodputModel,
     best_k,
     expected_emitted,
