@@ -89,7 +89,7 @@ import math
 import random
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trtspec.control.config import GoodputConfig
@@ -372,15 +372,17 @@ class GoodputModel:
         k, g = best_k(a_r, t, self.config.min_gain)
         return GoodputEstimate(a_r, evidence, pooled_r, t, k, g)
 
-    def breakeven_acceptance(self) -> float:
-        """The lowest pooled acceptance at which some ``k > 0`` pays (1.0: none does)."""
+    def _pays(self) -> Callable[[float], bool]:
+        """``pays(p)``: some ``k > 0`` pays, at the estimates as they are now, for a request whose
+        pooled acceptance is ``p``."""
         with self._lock:
             a_g, pooled_g = self._global()
             t = self.costs.iteration_times()
+        return lambda p: best_k(scale_acceptance(a_g, pooled_g, p), t, self.config.min_gain)[0] > 0
 
-        def pays(pooled: float) -> bool:
-            return best_k(scale_acceptance(a_g, pooled_g, pooled), t, self.config.min_gain)[0] > 0
-
+    def breakeven_acceptance(self) -> float:
+        """The lowest pooled acceptance at which some ``k > 0`` pays (1.0: none does)."""
+        pays = self._pays()
         if not pays(_A_MAX):
             return 1.0
         lo, hi = 0.0, _A_MAX
@@ -466,7 +468,7 @@ class GoodputModel:
         with self._lock:
             if self._ever_tested >= RESUME_MIN_EVIDENCE:
                 return False
-        return self.breakeven_acceptance() < 1.0
+        return self._pays()(_A_MAX)
 
     def requests_differ(self) -> bool:
         """True when at least ``min_paying_share`` of recent requests had an acceptance
