@@ -223,6 +223,7 @@ def test_a_fallen_back_auto_request_drafts_with_its_free_drafter(clock: FakeCloc
     c.next_k()
     assert c.last_cause == "controller"  # the free drafter's k is the controller's
     assert c.next_drafter(["model"]) == "model" and c.next_k() == 0 and c.last_cause == "fallback"
+    assert c.why == "model:fallback"
     c.finish()
 
 
@@ -248,6 +249,27 @@ def test_snapshot_reports_state_rate_count_and_k(clock: FakeClock) -> None:
     assert (snap["speculating_now"], snap["last_k"], snap["k_max_now"]) == (1, 5, 8)
     assert snap["goodput"] is None  # the static controller has no estimates
     assert SpeculationGovernor(Policy(), clock).snapshot().goodput is not None
+
+
+def test_snapshot_counts_why_each_k_was_chosen(clock: FakeClock) -> None:
+    """``k_choices``: speculating iterations by ``drafter:reason`` (what ``trtspec status`` prints)."""
+    static = SpeculationGovernor(policy(), clock)
+    c = static.decide(info())
+    for _ in range(3):
+        c.next_k()
+        c.observe(outcome(5, 5))
+    off = static.decide(info(speculation=Speculation.OFF))  # not speculating: not counted
+    off.next_k()
+    assert static.snapshot().k_choices == {"model:controller": 3}
+    gov = SpeculationGovernor(policy(draft_length={"controller": "goodput"}, breaker={"enabled": False}), clock)
+    c = gov.decide(info())
+    reasons = []
+    for _ in range(6):
+        k = c.next_k()
+        reasons.append(c.why)
+        c.observe(outcome(k, k))
+    assert reasons[0] == "model:best" and all(r.startswith("model:") for r in reasons)
+    assert gov.snapshot().k_choices == {r: reasons.count(r) for r in set(reasons)}
 
 
 def test_breaker_listener_sees_transitions_caused_by_requests(clock: FakeClock) -> None:

@@ -86,3 +86,5 @@ def test_the_goodput_line_says_what_k_the_controller_would_draft_and_why():
     line = next(x for x in format_status({"goodput": costly}) if x.startswith("goodput"))
     assert "costs 1.20 of a target step" in line and "nothing pays at any acceptance" in line
     assert "young" not in line
+    lines = format_status({"k_choices": {"model:young": 8, "model:best": 40}})
+    assert "model:best 40, model:young 8 (iterations, since start)" in next(x for x in lines if x.startswith("k chosen"))

@@ -108,6 +108,7 @@ class GovernorSnapshot:
     mean_k: float | None  # moving average of k over iterations of speculating requests
     requests_total: int
     decisions: dict[str, int]  # requests by decision reason
+    k_choices: dict[str, int]  # speculating iterations by ``drafter:why`` their k was chosen (RequestControl.why)
     fallbacks_total: int  # fallbacks started (3 zero-accept iterations)
     rollout: RolloutStatus
     goodput: dict | None  # the shared goodput estimates (when the controller is goodput)
@@ -122,6 +123,7 @@ class GovernorSnapshot:
             "mean_k": self.mean_k,
             "requests_total": self.requests_total,
             "decisions": dict(self.decisions),
+            "k_choices": dict(self.k_choices),
             "fallbacks_total": self.fallbacks_total,
             "rollout": self.rollout.to_dict(),
             "goodput": self.goodput,
@@ -153,6 +155,7 @@ class SpeculationGovernor:
         self._draft_available = True
         self._requests = 0
         self._decisions: Counter[str] = Counter()
+        self._k_choices: Counter[str] = Counter()
         self._fallbacks = 0
         self._last_k: int | None = None
         self._mean_k: float | None = None
@@ -241,6 +244,7 @@ class SpeculationGovernor:
         with self._lock:
             last_k, mean_k, requests = self._last_k, self._mean_k, self._requests
             decisions, fallbacks = dict(self._decisions), self._fallbacks
+            k_choices = dict(self._k_choices)
         return GovernorSnapshot(
             breaker=breaker,
             speculating_now=self.admission.active,
@@ -250,6 +254,7 @@ class SpeculationGovernor:
             mean_k=mean_k,
             requests_total=requests,
             decisions=decisions,
+            k_choices=k_choices,
             fallbacks_total=fallbacks,
             rollout=self.rollout.status(),
             goodput=goodput,
@@ -257,8 +262,9 @@ class SpeculationGovernor:
 
     # -- called by RequestControl --------------------------------------------------
 
-    def _note_k(self, k: int) -> None:
+    def _note_k(self, k: int, why: str) -> None:
         with self._lock:
+            self._k_choices[why] += 1
             self._last_k = k
             self._mean_k = k if self._mean_k is None else 0.95 * self._mean_k + 0.05 * k
 
@@ -312,8 +318,18 @@ class RequestControl:
             k, cause = max(0, min(self.controller.next_k(), cap)), "controller"
         self.last_k, self.last_cause = k, cause
         if self.route.speculate:
-            self.governor._note_k(k)
+            self.governor._note_k(k, self.why)
         return k
+
+    @property
+    def why(self) -> str:
+        """``drafter:reason`` of the last ``k``: the controller's reason where it gives one (goodput:
+        ``best``, ``explore``, ``probe``, ``redraw``, ``young``, ``nothing_pays``, ``not_worth_it``,
+        ``wait``), else ``controller``, or what barred drafting (``breaker``, ``fallback``)."""
+        reason = self.last_cause
+        if reason == "controller":
+            reason = getattr(self.controller, "last_reason", reason)
+        return reason if ":" in reason else f"{self._drafter.value}:{reason}"
 
     def next_drafter(self, names: Sequence[str]) -> str:
         """The controller's choice when it chooses (``auto`` under goodput), else the first; the

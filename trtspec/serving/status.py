@@ -191,6 +191,7 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
         "breaker": (control or {}).get("breaker"),
         "requests": (control or {}).get("requests"),
         "goodput": ((control or {}).get("governor") or {}).get("goodput"),
+        "k_choices": ((control or {}).get("governor") or {}).get("k_choices"),
         "control_age_s": None if control is None else round(control.get("age_s", 0.0), 1),
     }
 
@@ -315,6 +316,9 @@ def format_status(st: dict) -> list[str]:
     lines.append(f"{'speculation':<12} {st.get('speculation')} ({st.get('speculation_reason')})")
     if st.get("goodput"):
         lines.append(f"{'goodput':<12} {_goodput_text(st['goodput'])}")
+    if st.get("k_choices"):
+        most = sorted(st["k_choices"].items(), key=lambda kv: -kv[1])
+        lines.append(f"{'k chosen':<12} " + ", ".join(f"{why} {n}" for why, n in most) + " (iterations, since start)")
     req = st.get("requests")
     if req:
         lines.append(f"{'requests':<12} {req.get('in_flight', 0)} in flight; outcomes {req.get('outcomes', {})}")

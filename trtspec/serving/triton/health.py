@@ -378,6 +378,7 @@ class DeploymentHealth:
                 "k_max_now": gov.k_max_now,
                 "fallbacks_total": gov.fallbacks_total,
                 "goodput": gov.goodput if self.draft is not None else None,  # the draft model's estimates
+                "k_choices": gov.k_choices,
             },
         }
         if self.target is not None:
