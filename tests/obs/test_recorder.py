@@ -150,13 +150,35 @@ def test_drafted_tested_and_accepted_tokens_are_counted_by_drafter(sink: Prometh
     assert [_v(sink, "trtspec_accepted_tokens_total", drafter=d) for d in drafters] == [6, 3, 0]
 
 
+def test_k_choices_count_why_each_speculating_iteration_drafted_what_it_did(
+    tiny_pair: ModelPair, sink: PrometheusClientSink, metrics: SpecMetrics
+) -> None:
+    """``trtspec_k_choices_total``: one per iteration of a speculating request, by drafter and the
+    reason ``RequestControl.why`` gives (the goodput controller's own); none for a request that
+    does not speculate. Agrees with the governor's ``k_choices`` (``trtspec status``)."""
+    decoder = tiny_pair.decoder()
+    tok = tiny_pair.target.tokenizer
+    gov = SpeculationGovernor(Policy())
+    asked = 0
+    for i, text in enumerate(PROMPTS):
+        request = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(max_new_tokens=16), request_id=f"r{i}")
+        control = gov.decide(RequestInfo.from_request(request, speculation="off" if i == 3 else "auto"))
+        result = decoder.generate(request, metrics.wrap_policy(control, request.request_id))
+        control.finish()
+        asked += (result.stats.iterations - 1) if control.speculate else 0  # no k is asked for the prefill
+    choices = {f"{d}:{r}": sink.total("trtspec_k_choices_total", drafter=d, reason=r)
+               for d, r in (why.split(":") for why in gov.snapshot().k_choices)}
+    assert choices == gov.snapshot().k_choices and sum(choices.values()) == asked > 0
+    assert sink.total("trtspec_k_choices_total") == asked and choices["model:best"] > 0
+
+
 def test_exposition_names_match_the_table(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
     metrics.iteration(_outcome(3, 1))
     metrics.set_gauges(draft_memory_bytes=1, target_memory_bytes=2)
     text = sink.exposition()
     for spec in M.ALL:
         assert f"# TYPE {spec.name} {spec.kind.value}" in text, spec.name
-        if spec in (M.ROUTE_DECISIONS, M.REQUESTS, M.DRAFT_LENGTH_CAP, M.ROLLING_REJECTION_RATE):
+        if spec in (M.ROUTE_DECISIONS, M.REQUESTS, M.K_CHOICES, M.DRAFT_LENGTH_CAP, M.ROLLING_REJECTION_RATE):
             continue  # nothing recorded for these yet
         assert any(line.startswith(name) for name in M.series_names(spec) for line in text.splitlines()), spec.name
 

@@ -112,6 +112,9 @@ def test_metrics_port_agrees_with_per_request_outputs(triton: TritonServer, send
     assert routes == {("speculate", "default"): 4, ("target_only", "high_priority"): 2, ("target_only", "request_off"): 2}
     for (route, reason), n in routes.items():
         assert delta("trtspec_route_decisions_total", route=route, reason=reason) == n
+    # every k a speculating request chose is counted with its reason (the static controller gives none)
+    chosen = delta("trtspec_k_choices_total", drafter="model", reason="controller")
+    assert chosen >= delta("trtspec_drafts_total") > 0 and delta("trtspec_k_choices_total") == chosen
     for kind, r in results:  # target-only requests draft nothing
         assert (r.num_draft_tokens > 0) == (ROUTES[kind][0] == "speculate")
     # native Triton histograms (not the counter emulation): one TTFT observation per request, by route

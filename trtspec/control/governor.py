@@ -322,10 +322,13 @@ class RequestControl:
         return k
 
     @property
-    def why(self) -> str:
+    def why(self) -> str | None:
         """``drafter:reason`` of the last ``k``: the controller's reason where it gives one (goodput:
         ``best``, ``explore``, ``probe``, ``redraw``, ``young``, ``nothing_pays``, ``not_worth_it``,
-        ``wait``), else ``controller``, or what barred drafting (``breaker``, ``fallback``)."""
+        ``wait``), else ``controller``, or what barred drafting (``breaker``, ``fallback``); None
+        when the request does not speculate."""
+        if not self.route.speculate:
+            return None
         reason = self.last_cause
         if reason == "controller":
             reason = getattr(self.controller, "last_reason", reason)

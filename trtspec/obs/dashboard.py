@@ -148,6 +148,13 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             thresholds=(cfg.fallback_budget,),
         ),
         _panel(
+            "Draft length: why each k was chosen",
+            [(f"sum by (drafter, reason) (rate({M.K_CHOICES.name}[5m]))", "{{drafter}}: {{reason}}")],
+            description="Iterations of speculating requests per second by drafter and the controller's reason "
+            "(best, explore, probe, redraw, young, nothing_pays, not_worth_it, wait) or what barred the "
+            "draft (breaker, fallback); docs/control.md.",
+        ),
+        _panel(
             "Routing: requests by route and reason",
             [
                 (f"sum by (route) (rate({M.ROUTE_DECISIONS.name}[5m]))", "{{route}}"),

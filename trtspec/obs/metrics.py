@@ -260,6 +260,15 @@ FALLBACKS = MetricSpec(
     ("model", "reason"),
     "sum by (reason) (rate(trtspec_fallbacks_total[5m]))",
 )
+K_CHOICES = MetricSpec(
+    "trtspec_k_choices_total",
+    Kind.COUNTER,
+    "Iterations of speculating requests by drafter and why their draft length k was chosen: the "
+    "controller's reason (goodput: best, explore, probe, redraw, young, nothing_pays, not_worth_it, "
+    "wait; controller for controllers that give none), or what barred the draft (breaker, fallback).",
+    ("model", "drafter", "reason"),
+    'why speculating requests draft: sum by (drafter, reason) (rate(trtspec_k_choices_total[5m]))',
+)
 FALLBACK_REQUESTS = MetricSpec(
     "trtspec_fallback_requests_total",
     Kind.COUNTER,
@@ -400,6 +409,7 @@ ALL: tuple[MetricSpec, ...] = (
     ACCEPTED_BY_POSITION,
     REJECTIONS,
     FALLBACKS,
+    K_CHOICES,
     FALLBACK_REQUESTS,
     BREAKER_TRANSITIONS,
     DRAFT_LENGTH,

@@ -122,6 +122,11 @@ class SpecMetrics:
             self.sink.set(M.SPECULATING_NOW, self._l(), n)
 
     @_never_raises
+    def k_chosen(self, drafter: str, reason: str) -> None:
+        """A speculating request chose its next ``k``: which drafter, and why (``RequestControl.why``)."""
+        self.sink.inc(M.K_CHOICES, self._l(drafter=drafter, reason=reason))
+
+    @_never_raises
     def iteration(
         self,
         outcome: IterationOutcome,
@@ -290,7 +295,11 @@ class MeteredPolicy:
         self.request_id = request_id
 
     def next_k(self) -> int:
-        return self.policy.next_k()
+        k = self.policy.next_k()
+        why = getattr(self.policy, "why", None)  # RequestControl's: drafter:reason, None when not speculating
+        if why is not None:
+            self.metrics.k_chosen(*why.split(":", 1))
+        return k
 
     def next_drafter(self, names: Sequence[str]) -> str:
         """The wrapped policy's choice when it makes one (:class:`~trtspec.decoding.protocols.DrafterChoice`)."""

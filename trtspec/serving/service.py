@@ -127,6 +127,11 @@ class _AtMost:
     def next_k(self) -> int:
         return min(self.policy.next_k(), self.k_max)
 
+    @property
+    def why(self) -> str | None:
+        """The wrapped policy's (``RequestControl.why``), where it says."""
+        return getattr(self.policy, "why", None)
+
     def next_drafter(self, names: Sequence[str]) -> str:
         return choose_drafter(self.policy, names)
 
