@@ -296,6 +296,7 @@ class RequestControl:
         self.finished = False
         self.last_k: int | None = None
         self.last_cause = "not_speculating"  # why last_k: controller | breaker | fallback | not_speculating
+        self.why: str | None = None  # drafter:reason of last_k (_why); None until a speculating request chose one
         self._observed = 0
         self._prev_k: int | None = None
         self._drafter = info.drafter  # what drafts the next iteration (auto: chosen per iteration)
@@ -318,20 +319,15 @@ class RequestControl:
             k, cause = max(0, min(self.controller.next_k(), cap)), "controller"
         self.last_k, self.last_cause = k, cause
         if self.route.speculate:
+            self.why = self._why(cause)
             self.governor._note_k(k, self.why)
         return k
 
-    @property
-    def why(self) -> str | None:
-        """``drafter:reason`` of the last ``k``: the controller's reason where it gives one (goodput:
-        ``best``, ``explore``, ``probe``, ``redraw``, ``young``, ``nothing_pays``, ``not_worth_it``,
-        ``wait``), else ``controller``, or what barred drafting (``breaker``, ``fallback``); None
-        when the request does not speculate."""
-        if not self.route.speculate:
-            return None
-        reason = self.last_cause
-        if reason == "controller":
-            reason = getattr(self.controller, "last_reason", reason)
+    def _why(self, cause: str) -> str:
+        """``drafter:reason`` of a ``k``: the controller's reason where it gives one (goodput: ``best``,
+        ``explore``, ``probe``, ``redraw``, ``young``, ``nothing_pays``, ``not_worth_it``, ``wait``),
+        else ``controller``, or what barred drafting (``breaker``, ``fallback``)."""
+        reason = getattr(self.controller, "last_reason", cause) if cause == "controller" else cause
         return reason if ":" in reason else f"{self._drafter.value}:{reason}"
 
     def next_drafter(self, names: Sequence[str]) -> str:

@@ -180,6 +180,7 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
         speculation, why = control.get("speculation", "unknown"), control.get("speculation_reason", "")
     if speculation != "off" and DRAFT in models and not models[DRAFT]["answers"]:
         why = f"{why}; but the draft does not answer now"
+    governor = (control or {}).get("governor") or {}
     return {
         "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "ready": bool(sd.get("answers")) and bool(tg.get("answers")) and drain is None,
@@ -190,8 +191,8 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
         "models": models,
         "breaker": (control or {}).get("breaker"),
         "requests": (control or {}).get("requests"),
-        "goodput": ((control or {}).get("governor") or {}).get("goodput"),
-        "k_choices": ((control or {}).get("governor") or {}).get("k_choices"),
+        "goodput": governor.get("goodput"),
+        "k_choices": governor.get("k_choices"),
         "control_age_s": None if control is None else round(control.get("age_s", 0.0), 1),
     }
 
