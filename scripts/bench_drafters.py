@@ -6,7 +6,9 @@ beside transformers' prompt lookup decoding and assisted generation, in ONE run.
     python scripts/bench_drafters.py --prompts 6 --max-tokens 48 --json-out results/drafters.json
 
 Workloads: (a) ``chat``, the built-in chat prompts (answers seldom repeat the prompt);
-(b) ``copy``, 24 copy/edit prompts (repeat or fix a given paragraph or function).
+(b) ``copy``, 24 copy/edit prompts (repeat or fix a given paragraph or function);
+``long`` (not run by default): the chat prompts after ~350 tokens of notes, where reading
+the prompt is a large part of a request (its goal: chat's).
 For each, all greedy on the same prompts and token budget: tokens/s, speedup over our
 target alone (``off``), acceptance rate, tokens drafted by each drafter, and how many
 outputs are identical to the target alone's (HF rows: to HF's target alone).
@@ -43,7 +45,15 @@ from trtspec.decoding import DrafterKind, FixedDraftLength, SpecStats
 from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
 
-WORKLOADS = {"chat": benchmark_prompts, "copy": copy_edit_prompts}
+
+
+def long_prompts() -> list[str]:
+    """The chat prompts, each after ~1,500 characters of notes (the copy/edit texts): ~350 tokens to read."""
+    notes = " ".join(copy_edit_prompts()) * 2
+    return [f"Some notes:\n{notes[97 * i: 97 * i + 1500]}\n\nNow: {p}" for i, p in enumerate(benchmark_prompts())]
+
+
+WORKLOADS = {"chat": benchmark_prompts, "copy": copy_edit_prompts, "long": long_prompts}
 
 
 def run_ours(pair, prompts_ids, max_tokens, eos, k, repeats: int = 1) -> dict[str, dict]:
@@ -145,7 +155,7 @@ def say(m: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default="chat,copy", help="comma-separated: chat, copy")
+    ap.add_argument("--workloads", default="chat,copy", help="comma-separated: chat, copy, long")
     ap.add_argument("--prompts", type=int, default=24, help="prompts per workload (<= 24)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=5, help="draft length of the fixed-k rows (and k_max of auto)")
@@ -156,6 +166,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    unknown = [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        ap.error(f"--workloads: unknown {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
 
     torch.manual_seed(0)
     paths = prepare_demo(progress=say)
