@@ -10,7 +10,8 @@ import torch
 
 from trtspec.errors import CheckpointError, IncompatibleModelsError
 from trtspec.runtime.pair import load_pair
-from trtspec.runtime.torch.llama import _linear, cpu_packing, pack_cpu, quantize_int8
+from trtspec.runtime.torch import llama
+from trtspec.runtime.torch.llama import DEQUANT_ROWS, Int8Weight, _linear, cpu_packing, pack_cpu, quantize_int8
 from trtspec.runtime.torch.loader import load_model
 
 
@@ -105,6 +106,24 @@ def test_int8_model_is_a_close_copy(tiny_target):
     b = i8.lm.new_session().forward(PROMPT, len(PROMPT))
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean()
     assert agree >= 0.8
+
+
+@pytest.mark.parametrize("bf16_in_hardware", [True, False])
+def test_a_long_int8_pass_dequantizes_only_where_bf16_is_in_hardware(monkeypatch, bf16_in_hardware):
+    calls = []
+    int8pack = llama._int8pack_mm
+    monkeypatch.setattr(llama, "_int8pack_mm", lambda *a: calls.append(a[0].shape[0]) or int8pack(*a))
+    monkeypatch.setattr(llama, "_CPU_BF16", bf16_in_hardware)
+    g = torch.Generator().manual_seed(0)
+    q, scale = quantize_int8(torch.randn(96, 64, generator=g))
+    w = Int8Weight(q, scale.bfloat16())
+    x = torch.randn(DEQUANT_ROWS, 64, generator=g).bfloat16()
+    long, short = _linear(x, w), _linear(x[:DEQUANT_ROWS - 1], w)
+    assert calls == ([DEQUANT_ROWS - 1] if bf16_in_hardware else [DEQUANT_ROWS, DEQUANT_ROWS - 1])
+    exact = x.float() @ (q.float() * scale[:, None]).T
+    for y, rows in ((long, DEQUANT_ROWS), (short, DEQUANT_ROWS - 1)):  # either way, the same product (bf16)
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y.float(), exact[:rows], atol=0.05, rtol=0.02)
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):

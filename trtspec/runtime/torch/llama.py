@@ -25,6 +25,7 @@ from trtspec.errors import CheckpointError
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 PAD_POSITIONS = 64  # cache slots and RoPE rows past the context, for padding rows; the most rows a pass has
 PACK_ROWS = 64  # the row count oneDNN lays packed CPU weights out for (any count runs; 1 or 6 do worse)
+DEQUANT_ROWS = 16  # from this many rows on, a CPU with bf16 in hardware dequantizes int8 matrices (_int8_by_int8pack)
 
 
 @dataclass(frozen=True)
@@ -122,13 +123,39 @@ def pack_cpu(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
 
 
+def cpu_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16; CPUs with AMX have it too)."""
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe is not None and probe())
+
+
+_CPU_BF16 = cpu_bf16_matmul()
+_int8pack_mm = torch.ops.aten._weight_int8pack_mm
+
+
+def _int8_by_int8pack(x: torch.Tensor) -> bool:
+    """Whether an int8 matrix times ``x`` runs through ``_weight_int8pack_mm`` (else: dequantized).
+
+    On a CPU that kernel costs about as much per row as for one row, so a long
+    pass (a prompt) reads slower on the int8 draft than on the float32 target.
+    With bfloat16 in hardware, dequantizing the matrix into a bf16 matmul wins
+    from :data:`DEQUANT_ROWS` rows on (the demo draft on a 2-core Zen 4 EPYC,
+    ``scripts/bench_prompt_read.py``: 64 rows 117 -> 68 ms, 1000 rows 2.1 -> 1.3 s;
+    at 8-12 rows it ties or loses). Other CPUs keep the int8 kernel: with oneDNN
+    held to AVX2 there, the bf16 matmul was 2-4x slower than it.
+    """
+    if x.device.type != "cpu":
+        return False
+    return not (_CPU_BF16 and x.dtype == torch.bfloat16 and x.shape[0] >= DEQUANT_ROWS)
+
+
 def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(w, torch.Tensor) and w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
     if isinstance(w, Int8Weight):
-        if x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x, w.q, w.scale)
-        else:  # CUDA: dequantize in the matmul's input (gpt-fast's weight-only int8; inductor fuses it)
+        if _int8_by_int8pack(x):
+            y = _int8pack_mm(x, w.q, w.scale)
+        else:  # dequantize in the matmul's input (gpt-fast's weight-only int8; on CUDA inductor fuses it)
             y = F.linear(x, w.q.to(x.dtype)) * w.scale
         return y + bias if bias is not None else y
     return F.linear(x, w, bias)
