@@ -76,7 +76,8 @@ def main() -> int:
     summary = {"cpu": cpu_name(), "bf16_in_hardware": hardware_bf16, "dequant_rows": llama.DEQUANT_ROWS,
                "reps": args.reps, "runs": []}
     llama.DEQUANT_ROWS = 2
-    read_ms(pair.draft.lm, ids[:rows[0]], 2), read_ms(pair.target.lm, ids[:rows[0]], 2)  # warm-up
+    for lm in (pair.draft.lm, pair.target.lm):  # warm-up
+        read_ms(lm, ids[: rows[0]], 2)
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         say(f"{threads} thread(s)")
