@@ -46,7 +46,6 @@ from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
 
 
-
 def long_prompts() -> list[str]:
     """The chat prompts, each after ~1,500 characters of notes (the copy/edit texts): ~350 tokens to read."""
     notes = " ".join(copy_edit_prompts()) * 2
