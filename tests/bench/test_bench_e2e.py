@@ -42,9 +42,8 @@ def test_every_request_is_accounted_for(open_loop) -> None:
     for r in result.records:
         assert r.answered and r.finish_reason in ("length", "stop") and r.output_tokens > 0
         assert r.ttft_s is not None and r.e2e_s is not None and r.ttft_s <= r.e2e_s
-    # the server counted what we counted (its counter is updated right after the final response is sent)
-    ok = result.server_counters["deltas"]["trtspec_requests_total"]["outcome=ok"]
-    assert o["answered"] - 2 <= ok <= o["answered"]
+    # the server counted what we counted (the closing scrape waits for its last counts)
+    assert result.server_counters["deltas"]["trtspec_requests_total"]["outcome=ok"] == o["answered"]
 
 
 def test_ab_split_and_what_each_arm_did(open_loop) -> None:
@@ -53,7 +52,16 @@ def test_ab_split_and_what_each_arm_did(open_loop) -> None:
     assert abs(auto["sent"] - off["sent"]) <= 1  # interleaved 1:1
     assert off["drafted"] == 0 and off["speculated_share"] == 0.0
     assert auto["drafted"] > 0 and 0.0 < auto["acceptance_rate"] <= 1.0
-    assert auto["speculated_share"] == 1.0  # the tiny pair speculates whenever asked
+    # The tiny pair speculates whenever asked, save where the server says why not: a request it
+    # routed to the target alone for a cause other than `off`, or whose drafts all failed or came
+    # late (a loaded 2-core machine: a draft call has ~50 ms). Seen once in CI: 15 of 16.
+    d = result.server_counters["deltas"]
+    routes = d["trtspec_route_decisions_total"]
+    assert routes["reason=request_off,route=target_only"] == off["sent"]
+    barred = sum(n for labels, n in routes.items() if "target_only" in labels and "request_off" not in labels)
+    fell_back = d.get("trtspec_fallback_requests_total", {}).get("all", 0.0)
+    silent = [r for r in result.records if r.arm == "auto" and r.answered and not r.speculated]
+    assert len(silent) <= barred + fell_back, (silent, d)
     assert auto["k_estimate"] == 5  # the repository's k
 
 

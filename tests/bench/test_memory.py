@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -39,6 +41,36 @@ def test_counter_deltas() -> None:
     assert d["trtspec_requests_total"] == {"outcome=ok": 5.0, "outcome=error": 0.0}
     assert d["trtspec_drafted_tokens_total"] == {"all": 40.0}  # appeared during the run: counted from 0
     assert "nv_cpu_memory_used_bytes" not in d
+
+
+class _Counting(BaseHTTPRequestHandler):
+    """A metrics port whose ok-request counter grows by one per scrape, from 7."""
+
+    scrapes = 0
+
+    def do_GET(self) -> None:
+        body = TEXT.replace("} 7", f"}} {7 + type(self).scrapes}").encode()
+        type(self).scrapes += 1
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_closing_scrape_waits_for_the_server_to_count_the_answered() -> None:
+    server = HTTPServer(("127.0.0.1", 0), _Counting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        before = mem.try_scrape(url)  # ok = 7
+        after = mem.scrape_settled(url, before, answered=3)
+        assert mem.counter_deltas(before, after)["trtspec_requests_total"]["outcome=ok"] == 3
+        assert mem.scrape_settled(url, None, answered=3) is not None  # nothing to compare: no wait
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")

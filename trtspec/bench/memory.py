@@ -13,7 +13,9 @@ What the metrics port has (Triton 2.51, the CPU build here; checked):
   when the serving models export it (:mod:`trtspec.obs.metrics`).
 - ``trtspec_*`` counters (requests by outcome, drafted/accepted tokens, by draft
   position when exported, fallbacks, route decisions): read at the start and
-  the end; the report uses their increase over the run.
+  the end; the report uses their increase over the run. The server counts a
+  request right after sending its final response, so the closing read waits
+  (up to ``SETTLE_S``) until it has counted every request the client saw answered.
 
 A local server's processes: the ``tritonserver`` and its children (each Python
 backend stub is a separate process, a child of the server), found by walking
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -199,6 +202,22 @@ def _slope(ts: list[float], vs: list[float]) -> float:
     if den == 0 or math.isnan(den):
         return 0.0
     return sum((t - mt) * (v - mv) for t, v in zip(ts, vs, strict=True)) / den
+
+
+SETTLE_S = 2.0  # longest wait for the server to count the last answered requests
+
+
+def scrape_settled(url: str | None, before: dict | None, answered: int) -> dict | None:
+    """The closing scrape, once ``trtspec_requests_total`` has grown by ``answered`` since ``before``
+    (or ``SETTLE_S`` passed): the counters then cover every request the client saw answered."""
+    give_up = time.monotonic() + SETTLE_S
+    while True:
+        after = try_scrape(url)
+        if after is None or before is None or time.monotonic() >= give_up:
+            return after
+        if sum(counter_deltas(before, after).get("trtspec_requests_total", {}).values()) >= answered:
+            return after
+        time.sleep(0.05)
 
 
 def try_scrape(url: str | None) -> dict | None:

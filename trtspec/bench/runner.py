@@ -299,7 +299,8 @@ async def _measure(cfg: BenchConfig, transport: Transport, progress: ProgressFn 
     cpu_s = time.process_time() - cpu0
     if progress is not None:
         progress(state)
-    after = await loop.run_in_executor(None, mem.try_scrape, cfg.metrics_url)
+    answered = sum(r.answered for r in records)
+    after = await loop.run_in_executor(None, mem.scrape_settled, cfg.metrics_url, before, answered)
     if cfg.metrics_url or cfg.server_pid:
         samples.append(await loop.run_in_executor(None, mem.sample, clock(), after, cfg.server_pid))
     deltas = mem.counter_deltas(before, after) if before is not None and after is not None else {}
