@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import urllib.error
 import urllib.request
+
+import pytest
 
 import typer
 from typer.testing import CliRunner
 
 from trtspec.cli.status import status
+from trtspec.serving.drain import start_drain
 from trtspec.serving.launcher import free_port
 from trtspec.serving.status import StatusServer
 
@@ -66,6 +71,35 @@ def test_status_of_a_server_that_is_gone_is_not_ready(tmp_path):
             assert e.code == 503
     finally:
         server.stop()
+
+
+def test_a_draining_server_is_not_ready_at_once_and_its_models_are_not_asked(tmp_path):
+    triton = socket.create_server(("127.0.0.1", 0))  # takes connections, never answers: a probe would hang
+    asked: list[socket.socket] = []
+
+    def take() -> None:
+        while True:
+            try:
+                asked.append(triton.accept()[0])
+            except OSError:  # closed
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    start_drain(tmp_path, 30.0)
+    server = StatusServer(f"127.0.0.1:{triton.getsockname()[1]}", tmp_path, timeout_s=1.0).start()
+    try:
+        host, port = server.address
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{host}:{port}/ready", timeout=30)
+        assert refused.value.code == 503
+        body = json.loads(refused.value.read())
+        assert body["ready"] is False and body["draining"]["grace_period_s"] == 30.0
+        assert asked == []
+    finally:
+        server.stop()
+        triton.close()
+        for conn in asked:
+            conn.close()
 
 
 def test_status_without_a_status_endpoint_is_one_error_line():

@@ -22,7 +22,9 @@ out behind such a target. ``ready`` is true when ``spec_decode`` and
 
 :class:`StatusServer` serves it over HTTP for ``trtspec serve``:
 ``GET /status`` (always 200, the JSON) and ``GET /ready`` (200 when ready,
-else 503, same JSON). ``trtspec status --url HOST:PORT`` reads ``/status``
+else 503, same JSON; while draining, 503 at once with ``ready`` and ``draining``
+only: a load balancer's check must not wait on probes queued behind the
+requests in flight). ``trtspec status --url HOST:PORT`` reads ``/status``
 (:func:`fetch_status`) and prints :func:`format_status`.
 """
 
@@ -213,6 +215,10 @@ class StatusServer:
                 path = self.path.split("?", 1)[0].rstrip("/")
                 if path not in ("/status", "/ready"):
                     self._send(404, {"error": f"no such endpoint {path!r}; try /status or /ready"})
+                    return
+                drain = read_drain(outer.status_dir) if path == "/ready" else None
+                if drain is not None:  # not ready, whatever the models say: no probe to wait for
+                    self._send(503, {"ready": False, "draining": drain})
                     return
                 st = collect_status(outer.triton_http, outer.status_dir, timeout_s=outer.timeout_s,
                                     model=outer.model)
