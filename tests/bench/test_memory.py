@@ -46,11 +46,12 @@ def test_counter_deltas() -> None:
 class _Counting(BaseHTTPRequestHandler):
     """A metrics port whose ok-request counter grows by one per scrape, from 7."""
 
-    scrapes = 0
+    text, scrapes = TEXT, 0
 
     def do_GET(self) -> None:
-        body = TEXT.replace("} 7", f"}} {7 + type(self).scrapes}").encode()
-        type(self).scrapes += 1
+        cls = type(self)
+        body = cls.text.replace("} 7", f"}} {7 + cls.scrapes}").encode()
+        cls.scrapes += 1
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)
@@ -59,18 +60,30 @@ class _Counting(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_closing_scrape_waits_for_the_server_to_count_the_answered() -> None:
+@pytest.fixture
+def counting_port():
     server = HTTPServer(("127.0.0.1", 0), _Counting)
+    _Counting.text, _Counting.scrapes = TEXT, 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/metrics"
-        before = mem.try_scrape(url)  # ok = 7
-        after = mem.scrape_settled(url, before, answered=3)
-        assert mem.counter_deltas(before, after)["trtspec_requests_total"]["outcome=ok"] == 3
-        assert mem.scrape_settled(url, None, answered=3) is not None  # nothing to compare: no wait
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield f"http://127.0.0.1:{server.server_port}/metrics"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_closing_scrape_waits_for_the_server_to_count_the_answered(counting_port) -> None:
+    before = mem.try_scrape(counting_port)  # ok = 7
+    after = mem.scrape_settled(counting_port, before, answered=3)
+    assert mem.counter_deltas(before, after)["trtspec_requests_total"]["outcome=ok"] == 3
+    assert _Counting.scrapes == 4
+
+
+def test_the_closing_scrape_does_not_wait_without_a_request_counter(counting_port) -> None:
+    assert mem.scrape_settled(counting_port, None, answered=3) is not None  # nothing to compare with
+    _Counting.text = "\n".join(line for line in TEXT.splitlines() if "trtspec_requests_total" not in line)
+    before = mem.try_scrape(counting_port)  # not a trtspec server
+    _Counting.scrapes = 0
+    assert mem.scrape_settled(counting_port, before, answered=3) is not None
+    assert _Counting.scrapes == 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
