@@ -19,7 +19,7 @@ from trtspec.serving import stubs
 from trtspec.serving.client import ClientError, GenerateParams, generate_grpc, stream_infer
 
 TRITON_TYPES = {  # Triton datatype -> numpy dtype
-    "BOOL": np.bool_, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
+    "BOOL": np.bool_, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64,
     "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
 }
 EXPECTED_TYPE = {s.name: s.data_type.removeprefix("TYPE_").replace("STRING", "BYTES") for s in SPEC_DECODE_INPUTS}
@@ -59,7 +59,7 @@ def tensor(draw, name: str):
         arr = np.array(draw(st.lists(st.booleans(), min_size=count, max_size=count)), dtype=dtype)
     elif np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
-        ints = st.one_of(st.integers(-3, 12), st.integers(int(info.min), int(info.max)))
+        ints = st.one_of(st.integers(max(-3, int(info.min)), 12), st.integers(int(info.min), int(info.max)))
         arr = np.array(draw(st.lists(ints, min_size=count, max_size=count)), dtype=dtype)
     else:
         floats = st.one_of(st.floats(-2, 2), st.floats(allow_nan=True, allow_infinity=True, width=16))
