@@ -9,7 +9,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 import typer
 from typer.testing import CliRunner
 
