@@ -304,8 +304,10 @@ class SpecDecodeParams(ModelParams):
     supervise: bool = param(True, "reload a dead draft/target, probe it, resume")
     draft_timeout_s: float = param(0.0, "fixed deadline of a draft call; 0: adaptive")
     draft_timeout_floor_s: float = param(0.05, "adaptive deadline's floor")
-    draft_timeout_max_s: float = param(2.0, "adaptive deadline's ceiling, and its value before measurements")
-    draft_timeout_multiplier: float = param(4.0, "adaptive deadline = multiplier x p95 of recent draft calls")
+    draft_timeout_max_s: float = param(2.0, "adaptive deadline's ceiling (of its calls' term), and its value "
+                                                     "before measurements")
+    draft_timeout_multiplier: float = param(4.0, "adaptive deadline = multiplier x (p95 of recent draft calls "
+                                                           "+ measured time of the tokens read)")
     draft_late_strikes: int = param(3, "late draft calls in a row that make the supervisor probe it; 0: never")
     target_timeout_s: float = param(30.0, "deadline of a one-token target call; 0: none")
     timeout_per_token_s: float = param(0.05, "added to a call's deadline per token of it and of the calls "

@@ -9,8 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from trtspec.serving.deadline import AdaptiveDeadline, Work, WorkDeadline
+from trtspec.serving.deadline import PRIOR_READ_TOKENS, READ_MIN_TOKENS, AdaptiveDeadline, Work, WorkDeadline
+from trtspec.control import SpeculationGovernor
+from trtspec.control.config import Policy
 from trtspec.serving.guard import GuardedModel
+from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
+from trtspec.testing import fake_triton
 from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
 from trtspec.decoding.types import Proposal, SamplingParams
 
@@ -33,9 +37,31 @@ def test_a_call_queued_behind_running_ones_gets_their_time_too_within_the_ceilin
     d = AdaptiveDeadline(floor_s=0.01, max_s=1.0, multiplier=4.0, min_samples=1)
     d.observe(0.05)
     assert d.deadline_s() == pytest.approx(0.2)
-    assert d.deadline_s(ahead=2) == pytest.approx(0.6)  # two calls to wait for, then its own
-    assert d.deadline_s(ahead=7) == 1.0  # the ceiling still holds
-    assert AdaptiveDeadline(fixed_s=0.3).deadline_s(ahead=5) == 0.3  # a fixed deadline is fixed
+    assert d.deadline_s(Work(tokens=0, calls_ahead=2)) == pytest.approx(0.6)  # two calls to wait for, then its own
+    assert d.deadline_s(Work(tokens=0, calls_ahead=7)) == 1.0  # the ceiling still holds
+    assert AdaptiveDeadline(fixed_s=0.3).deadline_s(Work(tokens=900, calls_ahead=5)) == 0.3  # a fixed deadline is fixed
+
+
+def test_a_call_that_reads_gets_the_time_of_its_reads_too_and_so_does_one_queued_behind_it():
+    d = AdaptiveDeadline(floor_s=0.01, max_s=1.0, multiplier=4.0, min_samples=4)
+    proposal = Work(tokens=6, drafted=5)  # reads the last correction token, drafts 5
+    for _ in range(200):
+        d.observe(0.05, proposal)
+    first = Work(tokens=405, drafted=5)  # a request's first proposal reads its prompt
+    assert first.reads == 400
+    # Until measured, the read rate is a call's p95 per PRIOR_READ_TOKENS; the ceiling bounds the calls' term only.
+    assert d.deadline_s(first) == pytest.approx(0.2 + 4 * 0.05 / PRIOR_READ_TOKENS * 400)
+    for _ in range(3):
+        d.observe(9.0, Work(tokens=405, drafted=5, calls_ahead=1))  # queued behind another: not its read's time
+        d.observe(0.5, Work(tokens=READ_MIN_TOKENS - 1))  # too few tokens to tell a read's time
+    assert d.snapshot()["read_s_per_token"] is None
+    for _ in range(3):
+        d.observe(0.45, first)  # 0.4 s beyond a typical call for 400 tokens: 1 ms a token
+    assert d.snapshot()["read_s_per_token"] == pytest.approx(0.001)
+    assert d.p95_s() == pytest.approx(0.05)
+    assert d.deadline_s(first) == pytest.approx(0.2 + 4 * 0.001 * 400)
+    behind = Work(tokens=6, drafted=5, calls_ahead=1, tokens_ahead=405, drafted_ahead=5)
+    assert d.deadline_s(behind) == pytest.approx(0.4 + 4 * 0.001 * 401)  # two calls, and the read ahead
 
 
 def test_p95_ignores_the_slowest_five_percent_and_late_calls_are_not_measured():
@@ -69,13 +95,15 @@ def test_bad_settings_are_refused():
 class Hooks:
     def __init__(self) -> None:
         self.ok: list[float] = []
+        self.ok_work: list[Work] = []
         self.late: list[tuple[int, float]] = []
         self.errors: list[tuple[int, BaseException]] = []
         self.error_seen = threading.Event()
         self.late_answers = 0
 
-    def on_ok(self, seconds: float) -> None:
+    def on_ok(self, seconds: float, work: Work) -> None:
         self.ok.append(seconds)
+        self.ok_work.append(work)
 
     def on_late(self, k: int, deadline_s: float) -> None:
         self.late.append((k, deadline_s))
@@ -218,10 +246,10 @@ def test_on_time_calls_are_measured_and_errors_reported_with_k():
 def test_the_guard_counts_running_calls_for_the_deadline_and_measures_one_calls_time():
     gate = threading.Event()
     hooks = Hooks()
-    asked: list[int] = []
+    asked: list[Work] = []
 
     def deadline(work: Work) -> float:
-        asked.append(work.calls_ahead)
+        asked.append(work)
         return 30.0
 
     with ThreadPoolExecutor(4) as pool:
@@ -238,10 +266,79 @@ def test_the_guard_counts_running_calls_for_the_deadline_and_measures_one_calls_
         guarded.new_session().propose([1, 2], 2, SamplingParams(), None)
         wall = time.perf_counter() - t0
         first.join(10)
-    assert asked == [0, 1]  # the second call was made with one running ahead of it
+    # the second call was made with one running ahead of it: 2 tokens to read, 2 to draft
+    assert [(w.calls_ahead, w.reads, w.drafted, w.reads_ahead, w.drafted_ahead) for w in asked] == [
+        (0, 2, 2, 0, 0), (1, 2, 2, 2, 2)]
+    assert sorted(hooks.ok_work, key=lambda w: w.calls_ahead) == asked  # the hooks hear what each call asked
     assert guarded.running == 0
     second = min(hooks.ok)  # the first call waited longer and is measured whole; the second is halved
     assert wall >= 0.29 and 0.4 * wall <= second <= 0.5 * wall + 1e-3
+
+
+class ReadingDraft:
+    """A draft in its own model (a ``RemoteModel``) that takes ``read_s`` per token it reads and
+    ``step_s`` per token it drafts, and drafts :class:`LongCountingTarget`'s own tokens."""
+
+    model_name = "draft"
+    vocab_size = 16
+    max_context = 1024
+
+    def __init__(self, read_s: float, step_s: float) -> None:
+        self.read_s, self.step_s = read_s, step_s
+
+    def new_session(self, session_id: str = "") -> ReadingSession:
+        return ReadingSession(self)
+
+    def probe(self) -> None:
+        pass
+
+
+class ReadingSession:
+    def __init__(self, owner: ReadingDraft) -> None:
+        self.owner = owner
+        self.num_cached = 0
+
+    def forward(self, token_ids, num_logits):
+        raise AssertionError("a proposing draft is driven through propose")
+
+    def propose(self, token_ids, k, sampling, seed):
+        time.sleep(len(token_ids) * self.owner.read_s + k * self.owner.step_s)
+        n = self.num_cached + len(token_ids)
+        self.num_cached = n + k - 1
+        return Proposal(tokens=tuple(((n - 1 + i) * 7) % 16 for i in range(k)), q=None)
+
+    def truncate(self, length):
+        self.num_cached = length
+
+    def close(self):
+        pass
+
+
+class LongCountingTarget(CountingTarget):
+    max_context = 1024
+
+
+def test_a_long_prompts_first_draft_call_is_on_time_where_short_calls_set_the_deadline():
+    """The served draft's wiring (``DeploymentHealth``): short requests teach the deadline a
+    proposal's time; a 300-token prompt's first proposal reads it all (~0.3 s, six times a
+    proposal's deadline) and still drafts, where it used to go late and leave the request on
+    the target alone."""
+    health = DeploymentHealth(fake_triton, HealthConfig(), SpeculationGovernor(Policy()), model_name="spec_decode",
+                              pool_size=2)
+    try:
+        decoder = SpeculativeDecoder(LongCountingTarget(), health.guard_draft(ReadingDraft(0.001, 0.005)))
+        for i in range(10):
+            short = GenerationRequest(prompt_ids=(1, 2, i), stop=StopCriteria(max_new_tokens=20))
+            assert decoder.generate(short, FixedDraftLength(4)).stats.draft_errors == 0
+        proposal_deadline = health.draft_deadline.deadline_s(Work(tokens=5, drafted=4))
+        assert proposal_deadline < 0.3 / 2
+        long = GenerationRequest(prompt_ids=tuple(i % 16 for i in range(300)), stop=StopCriteria(max_new_tokens=20))
+        got = decoder.generate(long, FixedDraftLength(4))
+    finally:
+        health.stop()
+    alone = SpeculativeDecoder(LongCountingTarget(), None).generate(long, FixedDraftLength(0))
+    assert got.stats.draft_errors == 0 and got.stats.accepted_tokens > 0
+    assert got.token_ids == alone.token_ids
 
 
 # -- work-scaled deadlines, progress, chunked prefill ------------------------------------

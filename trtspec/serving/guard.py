@@ -48,9 +48,10 @@ class GuardHooks(Protocol):
     """Told of every call of a :class:`GuardedModel`. ``k``: tokens the call was to draft (0 otherwise);
     ``started_at``: ``time.monotonic()`` when the call was made (a failure may be reported long after);
     ``seconds``: the call's duration divided by ``1 +`` the calls that were running when it was made
-    (the model serves one at a time: about the time of one call, whatever the load)."""
+    (the model serves one at a time: about the time of one call, whatever the load); ``work``: what
+    the call asked when it was made."""
 
-    def on_ok(self, seconds: float) -> None: ...
+    def on_ok(self, seconds: float, work: Work) -> None: ...
 
     def on_late(self, k: int, deadline_s: float) -> None: ...
 
@@ -65,6 +66,7 @@ class GuardHooks(Protocol):
 class _Call:
     started: float  # time.monotonic()
     tokens: int
+    drafted: int  # of ``tokens``, those it drafts
     stuck_at: float  # past this, the call no longer counts as progress
 
 
@@ -116,7 +118,7 @@ class GuardedModel(ModelWrapper):
 
     def call(self, fn: Callable[[], T], k: int = 0, tokens: int = 1) -> T:
         """``fn()`` (a pass feeding ``tokens`` new tokens) under the deadline, reported to the hooks."""
-        call_id, work, limit = self._begin(tokens)
+        call_id, work, limit = self._begin(tokens, k)
         started = self._calls[call_id].started
         t0 = time.perf_counter()
         if limit is None:
@@ -144,20 +146,21 @@ class GuardedModel(ModelWrapper):
             except Exception as e:
                 self.hooks.on_error(k, e, started)
                 raise
-        self.hooks.on_ok((time.perf_counter() - t0) / (1 + work.calls_ahead))
+        self.hooks.on_ok((time.perf_counter() - t0) / (1 + work.calls_ahead), work)
         return out
 
-    def _begin(self, tokens: int) -> tuple[int, Work, float | None]:
-        """Register a call; its id, its work, and its deadline."""
+    def _begin(self, tokens: int, drafted: int) -> tuple[int, Work, float | None]:
+        """Register a call feeding ``tokens``, ``drafted`` of them drafted; its id, its work, and its deadline."""
         now = time.monotonic()
         with self._lock:
             ahead = list(self._calls.values())
-            work = Work(tokens=tokens, calls_ahead=len(ahead), tokens_ahead=sum(c.tokens for c in ahead))
+            work = Work(tokens=tokens, calls_ahead=len(ahead), tokens_ahead=sum(c.tokens for c in ahead),
+                        drafted=drafted, drafted_ahead=sum(c.drafted for c in ahead))
             limit = self.deadline(work)
             stuck_s = self.stuck_after(work) if self.stuck_after is not None else limit
             call_id = self._next_id
             self._next_id += 1
-            self._calls[call_id] = _Call(now, tokens, now + stuck_s if stuck_s is not None else math.inf)
+            self._calls[call_id] = _Call(now, tokens, drafted, now + stuck_s if stuck_s is not None else math.inf)
         return call_id, work, limit
 
     def _end(self, call_id: int, answered: bool) -> None:

@@ -61,7 +61,7 @@ from trtspec.control.governor import SpeculationGovernor
 from trtspec.decoding.types import DrafterKind
 from trtspec.errors import one_line
 from trtspec.serving import statusfile
-from trtspec.serving.deadline import AdaptiveDeadline, WorkDeadline
+from trtspec.serving.deadline import AdaptiveDeadline, Work, WorkDeadline
 from trtspec.serving.guard import GuardedModel
 from trtspec.serving.launcher import TRITON_URL_ENV
 from trtspec.serving.supervisor import Health, ModelSupervisor, SupervisorConfig, SupervisorThread
@@ -187,7 +187,7 @@ class DeploymentHealth:
         guard = GuardedModel(
             bls,
             pool,
-            lambda work: self.draft_deadline.deadline_s(work.calls_ahead),
+            self.draft_deadline.deadline_s,
             _DraftHooks(self),
             late_error=lambda s: BLSTimeout(f"model '{bls.model_name}' missed its deadline of {s * 1000:.0f} ms"),
             close_async=True,
@@ -413,9 +413,9 @@ class _DraftHooks:
     def __init__(self, health: DeploymentHealth) -> None:
         self.h = health
 
-    def on_ok(self, seconds: float) -> None:
+    def on_ok(self, seconds: float, work: Work) -> None:
         h = self.h
-        h.draft_deadline.observe(seconds)
+        h.draft_deadline.observe(seconds, work)
         h._late_streak = 0
         if h.draft is not None:
             h.draft.report_ok()
@@ -450,7 +450,7 @@ class _TargetHooks:
     def __init__(self, supervisor: ModelSupervisor) -> None:
         self.sup = supervisor
 
-    def on_ok(self, seconds: float) -> None:
+    def on_ok(self, seconds: float, work: Work) -> None:
         self.sup.report_ok()
 
     def on_late(self, k: int, deadline_s: float) -> None:
