@@ -256,6 +256,20 @@ def test_the_drafts_read_of_the_context_is_measured_at_first_drafts() -> None:
     assert model.snapshot()["draft_token_s"] == pytest.approx(D)  # drafting steps are measured apart
 
 
+def test_after_a_draft_failure_the_next_draft_is_measured_as_a_read_of_the_whole_context() -> None:
+    """A late draft restarts in a fresh session: its next draft reads everything again, and its
+    time is a catch-up (unmeasured before: neither a steady step nor a first draft)."""
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0))
+    c = GoodputController(model, 8, model.config)
+    c.observe(outcome(0, 0, v=lambda _k: 20 * V0))  # the prefill
+    c.observe(dataclasses.replace(outcome(3, 3), draft_time_s=0.002 * 100 + 2 * D))  # the first draft reads
+    c.observe(outcome(3, 3))
+    assert model.costs.catchup.n == 1
+    c.observe(dataclasses.replace(outcome(0, 0), draft_failed=True, drafter="model"))
+    c.observe(dataclasses.replace(outcome(3, 3), draft_time_s=0.004 * 100 + 2 * D))
+    assert model.costs.catchup.n == 2 and max(model.costs.catchup.samples) == pytest.approx(0.004, rel=0.05)
+
+
 def test_expected_remaining_is_the_recent_mean_length_capped_by_max_new_tokens() -> None:
     model = GoodputModel(8, GoodputConfig())
     assert model.expected_remaining(0, 1) == 63  # nothing seen yet: a 64-token request

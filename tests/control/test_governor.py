@@ -209,6 +209,25 @@ def test_fallback_after_three_zero_accepts_then_retry(clock: FakeClock) -> None:
     assert (st.speculated_requests, st.fallback_requests) == (1, 1)
 
 
+def test_a_failed_or_late_draft_rests_the_model_for_the_cooldown_without_counting_a_fallback(
+        clock: FakeClock) -> None:
+    gov = SpeculationGovernor(policy(fallback={"cooldown_tokens": 3}, breaker={"enabled": False}), clock)
+    c = gov.decide(info())
+    assert c.next_k() == 5
+    c.observe(dataclasses.replace(outcome(0, 0), draft_failed=True, drafter="model"))  # its proposal never came
+    ks = []
+    for _ in range(4):
+        ks.append(c.next_k())
+        c.observe(outcome(ks[-1], 0))
+    assert ks == [0, 0, 0, 5] and c.last_cause == "controller"  # 3 tokens on the target alone, then the model
+    assert gov.snapshot().fallbacks_total == 0  # a draft error is counted as such, not as a fallback
+    free = gov.decide(info("free", drafter=DrafterKind.AUTO))
+    free.observe(dataclasses.replace(outcome(0, 0), draft_failed=True, drafter="suffix"))
+    assert not free.fallback.active  # the fallback guards the draft model only
+    c.finish()
+    free.finish()
+
+
 def test_a_fallen_back_auto_request_drafts_with_its_free_drafter(clock: FakeClock) -> None:
     gov = SpeculationGovernor(policy(draft_length={"controller": "goodput"}, breaker={"enabled": False}), clock)
     c = gov.decide(info(drafter=DrafterKind.AUTO))

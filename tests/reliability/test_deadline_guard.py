@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Container
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,10 +13,12 @@ import torch
 from trtspec.serving.deadline import PRIOR_READ_TOKENS, READ_MIN_TOKENS, AdaptiveDeadline, Work, WorkDeadline
 from trtspec.control import SpeculationGovernor
 from trtspec.control.config import Policy
+from trtspec.errors import ModelTimeoutError
 from trtspec.serving.guard import GuardedModel
 from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
 from trtspec.testing import fake_triton
 from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
+from trtspec.decoding.loop import MAX_LATE_DRAFTS
 from trtspec.decoding.types import Proposal, SamplingParams
 
 
@@ -277,17 +280,21 @@ def test_the_guard_counts_running_calls_for_the_deadline_and_measures_one_calls_
 
 class ReadingDraft:
     """A draft in its own model (a ``RemoteModel``) that takes ``read_s`` per token it reads and
-    ``step_s`` per token it drafts, and drafts :class:`LongCountingTarget`'s own tokens."""
+    ``step_s`` per token it drafts, and drafts :class:`LongCountingTarget`'s own tokens; its calls
+    numbered in ``stalls`` (from 0, over all sessions) take ``stall_s`` more. Keeps its sessions."""
 
     model_name = "draft"
     vocab_size = 16
     max_context = 1024
 
-    def __init__(self, read_s: float, step_s: float) -> None:
-        self.read_s, self.step_s = read_s, step_s
+    def __init__(self, read_s: float, step_s: float, stalls: Container[int] = (), stall_s: float = 0.0) -> None:
+        self.read_s, self.step_s, self.stalls, self.stall_s = read_s, step_s, stalls, stall_s
+        self.calls = 0
+        self.sessions: list[ReadingSession] = []
 
     def new_session(self, session_id: str = "") -> ReadingSession:
-        return ReadingSession(self)
+        self.sessions.append(ReadingSession(self))
+        return self.sessions[-1]
 
     def probe(self) -> None:
         pass
@@ -297,12 +304,18 @@ class ReadingSession:
     def __init__(self, owner: ReadingDraft) -> None:
         self.owner = owner
         self.num_cached = 0
+        self.reads: list[int] = []  # tokens read by each proposal
+        self.closed = False
 
     def forward(self, token_ids, num_logits):
         raise AssertionError("a proposing draft is driven through propose")
 
     def propose(self, token_ids, k, sampling, seed):
-        time.sleep(len(token_ids) * self.owner.read_s + k * self.owner.step_s)
+        o = self.owner
+        stall = o.stall_s if o.calls in o.stalls else 0.0
+        o.calls += 1
+        self.reads.append(len(token_ids))
+        time.sleep(len(token_ids) * o.read_s + k * o.step_s + stall)
         n = self.num_cached + len(token_ids)
         self.num_cached = n + k - 1
         return Proposal(tokens=tuple(((n - 1 + i) * 7) % 16 for i in range(k)), q=None)
@@ -311,7 +324,7 @@ class ReadingSession:
         self.num_cached = length
 
     def close(self):
-        pass
+        self.closed = True
 
 
 class LongCountingTarget(CountingTarget):
@@ -339,6 +352,50 @@ def test_a_long_prompts_first_draft_call_is_on_time_where_short_calls_set_the_de
     alone = SpeculativeDecoder(LongCountingTarget(), None).generate(long, FixedDraftLength(0))
     assert got.stats.draft_errors == 0 and got.stats.accepted_tokens > 0
     assert got.token_ids == alone.token_ids
+
+
+class _Recorder(FixedDraftLength):
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.outcomes: list = []
+
+    def observe(self, outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def _late_run(draft: ReadingDraft) -> tuple:
+    """A 40-token request at k = 4 through a guarded ``draft`` whose calls are late past 0.1 s."""
+    hooks = Hooks()
+    policy = _Recorder(4)
+    req = GenerationRequest(prompt_ids=(1, 2, 3), stop=StopCriteria(max_new_tokens=40))
+    with ThreadPoolExecutor(4) as pool:
+        guarded = GuardedModel(draft, pool, lambda work: 0.1, hooks, close_async=True,
+                               late_error=lambda s: ModelTimeoutError(f"late after {s}s"))
+        got = SpeculativeDecoder(LongCountingTarget(), guarded).generate(req, policy)
+    alone = SpeculativeDecoder(LongCountingTarget(), None).generate(req, FixedDraftLength(0))
+    assert got.token_ids == alone.token_ids  # nothing lost or repeated
+    return got, policy.outcomes, hooks
+
+
+def test_a_late_draft_restarts_in_a_fresh_session_that_reads_everything_and_drafts_again():
+    draft = ReadingDraft(0.0, 0.0, stalls={1}, stall_s=1.0)  # its second proposal stalls
+    got, outcomes, hooks = _late_run(draft)
+    assert got.stats.draft_errors == 1 and len(hooks.late) == 1
+    failed = [o.draft_failed for o in outcomes].index(True)
+    after = outcomes[failed + 1 :]
+    assert all(o.k == 4 for o in after[:-1]) and sum(o.accepted for o in after) > 8  # it drafts again
+    first, fresh = draft.sessions
+    assert first.closed  # released (after the abandoned call)
+    assert fresh.reads[0] == outcomes[failed + 1].context_len  # the fresh session read the whole sequence
+
+
+def test_a_request_drops_a_draft_at_its_third_late_call():
+    draft = ReadingDraft(0.0, 0.0, stalls=range(1000), stall_s=0.3)  # every call stalls
+    got, outcomes, hooks = _late_run(draft)
+    assert got.stats.draft_errors == MAX_LATE_DRAFTS == 3 and len(hooks.late) == 3
+    assert len(draft.sessions) == 3 and all(sess.closed for sess in draft.sessions)
+    last_failure = max(i for i, o in enumerate(outcomes) if o.draft_failed)
+    assert all(o.k == 0 and not o.draft_failed for o in outcomes[last_failure + 1 :])  # on the target alone
 
 
 # -- work-scaled deadlines, progress, chunked prefill ------------------------------------

@@ -10,6 +10,10 @@ fallback guards the draft model, whose wrong drafts cost its draft steps; a
 free drafter's cost only their rows in the target's pass, and the goodput
 controller weighs those (measured on copy/edit, ``auto`` spent 40% of its
 iterations target-only in fallbacks its suffix drafts had started).
+
+An iteration whose draft model call failed or was late starts the same
+cool-down (not counted as a fallback: the loop counts ``draft_errors``): a late
+draft is busy, and the loop restarts it for when the cool-down ends.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ class FallbackGuard:
     def observe(self, outcome: IterationOutcome) -> bool:
         """Learn from one iteration; True when this iteration started a fallback."""
         if not self.config.enabled:
+            return False
+        if outcome.draft_failed and not outcome.free_drafted:
+            self.zero_streak = 0
+            self.cooldown_left = max(self.cooldown_left, self.config.cooldown_tokens)
             return False
         if self.cooldown_left > 0:
             self.cooldown_left = max(0, self.cooldown_left - outcome.emitted)

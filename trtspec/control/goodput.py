@@ -653,6 +653,8 @@ class GoodputController:
             self._draft_seen = outcome.context_len + min(outcome.accepted, outcome.k - 1)
             self._accepted += outcome.accepted
             self._tested += outcome.tested
+        elif outcome.draft_failed:  # a late draft restarts in a fresh session: it will read everything
+            self._draft_seen = 0
         self._prev_k = outcome.k
         self._observed += 1
 

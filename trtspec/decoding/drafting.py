@@ -91,6 +91,8 @@ class ModelDrafter:
     name = "model"
 
     def __init__(self, model: LanguageModel, session_id: str = "") -> None:
+        self._model = model
+        self._session_id = session_id
         self._max_context = model.max_context
         self._session = model.new_session(session_id)
 
@@ -105,6 +107,12 @@ class ModelDrafter:
     def rollback(self, length: int) -> None:
         if self._session.num_cached > length:
             self._session.truncate(length)
+
+    def restart(self) -> None:
+        """Close the session and open a fresh one (its first proposal reads the whole sequence):
+        after a late call, which may still be writing to the old one."""
+        self._session.close()
+        self._session = self._model.new_session(self._session_id)
 
     def close(self) -> None:
         self._session.close()

@@ -30,6 +30,15 @@ the demo pair, drafting in the first iteration took time to first token from
 240 ms to 800 ms); the draft catches up on the prompt in the second iteration.
 The policy does not choose that iteration's ``k`` but observes it (``k == 0``,
 like any target-only iteration: metrics count its token, controllers skip it).
+
+A drafter that fails leaves the request, which goes on with the target alone
+(or its other drafters); no token is lost or repeated, and the policy sees the
+iteration's ``draft_failed``. A draft model that was late (a served model's
+deadline, :class:`~trtspec.errors.ModelTimeoutError`) is busy, not broken: it
+restarts in a fresh session (the late call may still be writing to the old
+one), which reads the whole sequence at its next proposal, whenever the policy
+chooses it again (``RequestControl`` rests it for the fallback's cool-down
+first). Its ``MAX_LATE_DRAFTS``-th late call in one request drops it.
 """
 
 from __future__ import annotations
@@ -40,8 +49,9 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.errors import ContextOverflowError, IncompatibleModelsError
+from trtspec.errors import ContextOverflowError, IncompatibleModelsError, ModelTimeoutError
 from trtspec.decoding.drafters import DrafterOptions, open_drafters
+from trtspec.decoding.drafting import ModelDrafter
 from trtspec.decoding.policy import FixedDraftLength
 from trtspec.decoding.protocols import (
     Detokenizer,
@@ -64,6 +74,7 @@ from trtspec.decoding.types import (
 from trtspec.decoding.verifying import Verdict, verify
 
 Clock = Callable[[], float]
+MAX_LATE_DRAFTS = 3  # late draft model calls one request takes: each restarts the drafter, the last drops it
 
 
 class SpeculativeDecoder:
@@ -132,7 +143,8 @@ class Generation(Iterator[StreamChunk]):
         self._policy = policy
         self._cancelled = cancelled
         self.stats = SpecStats(prompt_tokens=len(request.prompt_ids))
-        self.draft_error: BaseException | None = None
+        self.draft_error: BaseException | None = None  # the last draft failure
+        self._late_drafts = 0
         seed = request.sampling.seed
         self._generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self._checker = StopChecker(request.stop, decoder.detokenizer)
@@ -188,9 +200,8 @@ class Generation(Iterator[StreamChunk]):
                 # iteration is the correction/bonus token.
                 k = max(0, min(k, budget - 1, room - 1))
                 step = self._iterate(tokens, target, drafter, k)
-                if step.draft_failed and drafter is not None:  # continue without it (the target alone)
-                    drafters.remove(drafter)
-                    _close_quietly(drafter)
+                if step.draft_failed and drafter is not None:
+                    self._after_draft_failure(drafters, drafter)
                 emitted = self._commit(tokens, target, drafters, step)
                 outcome = step.outcome(len(emitted), context_len=len(tokens) - len(emitted))
                 self.stats.observe(outcome)
@@ -210,6 +221,17 @@ class Generation(Iterator[StreamChunk]):
             _close_quietly(target)
             for d in drafters:
                 _close_quietly(d)
+
+    def _after_draft_failure(self, drafters: list[Drafter], drafter: Drafter) -> None:
+        """A late draft model restarts (the module docstring); any other failure, or its
+        ``MAX_LATE_DRAFTS``-th late call, drops the drafter for the rest of the request."""
+        if isinstance(self.draft_error, ModelTimeoutError) and isinstance(drafter, ModelDrafter):
+            self._late_drafts += 1
+            if self._late_drafts < MAX_LATE_DRAFTS:
+                drafter.restart()
+                return
+        drafters.remove(drafter)
+        _close_quietly(drafter)
 
     def _choose(self, drafters: list[Drafter]) -> Drafter | None:
         """The drafter of this iteration: the policy's choice when it makes one, else the first."""

@@ -316,7 +316,8 @@ class RequestService:
         if result.stats.draft_errors:
             what = "was late" if isinstance(gen.draft_error, ModelTimeoutError) else "failed"
             self.log.log_warn(f"trtspec spec_decode request {sreq.request_id!r}: draft {what} "
-                              f"({one_line(gen.draft_error)}); finished on the target alone")
+                              f"({one_line(gen.draft_error)}); its draft calls that failed or were late: "
+                              f"{result.stats.draft_errors}, each iteration's proposal dropped, no token lost")
         if result.finish_reason is FinishReason.CANCELLED:
             if self.drain.past_grace():
                 reply.send_error(f"the server shut down before this request finished (grace period of "

@@ -25,10 +25,12 @@ draft call failed      (BLS error: stub dead, model error) the loop goes on with
                        which marks the draft unavailable at once (``governor.
                        set_draft_available(False)``: new requests run target-only, reason
                        ``draft_unavailable``) until a probe (or reload + probe) says it answers
-draft call late        the proposal is dropped, the loop goes on with the target alone; the
-                       breaker's window gets ``k`` drafted / 0 accepted (so persistent lateness
-                       opens it); ``draft_late_strikes`` late calls in a row make the supervisor
-                       probe the draft (with the generous ``probe_timeout_s``)
+draft call late        the proposal is dropped, the loop goes on with the target alone and
+                       restarts the draft in a fresh session, which the request uses again after
+                       the fallback's cool-down (its third late call drops it); the breaker's
+                       window gets ``k`` drafted / 0 accepted (so persistent lateness opens it);
+                       ``draft_late_strikes`` late calls in a row make the supervisor probe the
+                       draft (with the generous ``probe_timeout_s``)
 target call failed     the request fails ``UNAVAILABLE``; the target supervisor goes SUSPECT;
 or late                while the target is not HEALTHY new requests fail fast with ``UNAVAILABLE``
 =====================  ==========================================================================
