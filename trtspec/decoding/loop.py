@@ -228,8 +228,11 @@ class Generation(Iterator[StreamChunk]):
         if isinstance(self.draft_error, ModelTimeoutError) and isinstance(drafter, ModelDrafter):
             self._late_drafts += 1
             if self._late_drafts < MAX_LATE_DRAFTS:
-                drafter.restart()
-                return
+                try:
+                    drafter.restart()
+                    return
+                except Exception:  # no fresh session to be had (a server shutting down): go on without it
+                    pass
         drafters.remove(drafter)
         _close_quietly(drafter)
 
