@@ -398,6 +398,21 @@ def test_a_request_drops_a_draft_at_its_third_late_call():
     assert all(o.k == 0 and not o.draft_failed for o in outcomes[last_failure + 1 :])  # on the target alone
 
 
+class OneSessionDraft(ReadingDraft):
+    def new_session(self, session_id: str = "") -> ReadingSession:
+        if self.sessions:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return super().new_session(session_id)
+
+
+def test_a_late_draft_that_cannot_restart_is_dropped_and_the_request_goes_on():
+    draft = OneSessionDraft(0.0, 0.0, stalls={1}, stall_s=1.0)
+    got, outcomes, _hooks = _late_run(draft)  # the same tokens as the target alone
+    assert got.stats.draft_errors == 1 and len(draft.sessions) == 1
+    failed = [o.draft_failed for o in outcomes].index(True)
+    assert all(o.k == 0 for o in outcomes[failed:])
+
+
 # -- work-scaled deadlines, progress, chunked prefill ------------------------------------
 
 
