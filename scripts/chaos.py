@@ -63,6 +63,7 @@ from trtspec.serving import statusfile, stubs  # noqa: E402
 from trtspec.serving.client import ClientError, GenerateParams, generate_grpc  # noqa: E402
 from trtspec.serving.launcher import TritonServer  # noqa: E402
 from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria  # noqa: E402
+from trtspec.errors import ContextOverflowError  # noqa: E402
 from trtspec.bench.workload import long_prompt_texts  # noqa: E402
 from trtspec.testing.tiny import PAIRS, pair_paths  # noqa: E402
 
@@ -154,7 +155,10 @@ def main() -> int:
         long_prompts = long_prompt_texts(Tokenizer.from_dir(target), [lo_n, (lo_n + hi_n) // 2, hi_n])
         every = max(1, round(1 / args.long_share))
     print("computing the target-alone references in-process ...", flush=True)
-    refs = references(target, args.max_tokens, [*PROMPTS, *long_prompts])
+    try:
+        refs = references(target, args.max_tokens, [*PROMPTS, *long_prompts])
+    except ContextOverflowError as e:
+        ap.error(f"--long-tokens {args.long_tokens}: {e} (the {args.pair} pair; tiny-long holds 4,096)")
     (work / "policy.yaml").write_text(POLICY)
     repo = write_model_repo(
         work / "model_repo", target_checkpoint=target, draft_checkpoint=draft, max_tokens_limit=256,
