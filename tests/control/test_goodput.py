@@ -270,6 +270,22 @@ def test_after_a_draft_failure_the_next_draft_is_measured_as_a_read_of_the_whole
     assert model.costs.catchup.n == 2 and max(model.costs.catchup.samples) == pytest.approx(0.004, rel=0.05)
 
 
+def test_after_a_draft_failure_resuming_is_weighed_against_reading_everything_again() -> None:
+    """Near its end, a request whose draft restarted does not pay a read of its whole context
+    for the few tokens left (it would have drafted on, its draft's cache being current)."""
+    model = GoodputModel(8, GoodputConfig(explore_share=0.0))
+    for _ in range(4):
+        run_request(model, good, 10, catchup_s_per_token=0.01)
+    c = GoodputController(model, 8, model.config, max_new_tokens=40)
+    c.observe(outcome(0, 0, v=lambda _k: 20 * V0))
+    for _ in range(3):
+        k = c.next_k()
+        c.observe(outcome(k, k))
+    assert c.next_k() > 0 and c.last_reason == "best"  # 13 tokens left: drafting on pays
+    c.observe(dataclasses.replace(outcome(0, 0), draft_failed=True, drafter="model"))
+    assert c.next_k() == 0 and c.last_reason == "not_worth_it"  # reading ~110 tokens again does not
+
+
 def test_expected_remaining_is_the_recent_mean_length_capped_by_max_new_tokens() -> None:
     model = GoodputModel(8, GoodputConfig())
     assert model.expected_remaining(0, 1) == 63  # nothing seen yet: a 64-token request

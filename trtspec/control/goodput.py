@@ -69,7 +69,9 @@ Exploration, so that estimates do not go stale:
   (``not_worth_it`` otherwise; only ``probe_share`` probes still start it). A request that went
   to the target alone drafts again by the means only on measured evidence
   (``RESUME_MIN_EVIDENCE`` tested positions), not on the priors alone: after
-  a run of target-only steps the draft must first read everything it missed;
+  a run of target-only steps the draft must first read everything it missed.
+  A request whose draft call failed or was late rests too: its draft restarts
+  in a fresh session, so resuming reads the whole context, weighed as above;
 - while the model is young (fewer than ``RESUME_MIN_EVIDENCE`` drafts ever tested, and some
   ``k`` would pay at a high enough acceptance), a request that would not draft because nothing
   pays by the means drafts ``probe_k`` tokens anyway (``young``), and a resting one does not
@@ -653,8 +655,9 @@ class GoodputController:
             self._draft_seen = outcome.context_len + min(outcome.accepted, outcome.k - 1)
             self._accepted += outcome.accepted
             self._tested += outcome.tested
-        elif outcome.draft_failed:  # a late draft restarts in a fresh session: it will read everything
-            self._draft_seen = 0
+        elif outcome.draft_failed:  # a late draft restarts in a fresh session: resuming reads everything,
+            self._draft_seen = 0  # so it is weighed as a resting request's is (_held)
+            self._resting = True
         self._prev_k = outcome.k
         self._observed += 1
 
