@@ -1,4 +1,5 @@
-"""The adaptive draft deadline, and the guarded model that enforces it (real threads, no server)."""
+"""The adaptive draft deadline, the guarded model that enforces it, and what the loop does with a
+late draft (real threads, no server)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from trtspec.serving.deadline import PRIOR_READ_TOKENS, READ_MIN_TOKENS, AdaptiveDeadline, Work, WorkDeadline
 from trtspec.control import SpeculationGovernor
 from trtspec.control.config import Policy
-from trtspec.errors import ModelTimeoutError
-from trtspec.serving.guard import GuardedModel
-from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
-from trtspec.testing import fake_triton
 from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
 from trtspec.decoding.loop import MAX_LATE_DRAFTS
 from trtspec.decoding.types import Proposal, SamplingParams
+from trtspec.errors import ModelTimeoutError
+from trtspec.serving.deadline import PRIOR_READ_TOKENS, READ_MIN_TOKENS, AdaptiveDeadline, Work, WorkDeadline
+from trtspec.serving.guard import GuardedModel
+from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
+from trtspec.testing import fake_triton
 
 
 def test_deadline_is_max_until_measured_then_multiplier_times_p95_clamped():
@@ -333,7 +334,7 @@ class LongCountingTarget(CountingTarget):
 
 def test_a_long_prompts_first_draft_call_is_on_time_where_short_calls_set_the_deadline():
     """The served draft's wiring (``DeploymentHealth``): short requests teach the deadline a
-    proposal's time; a 300-token prompt's first proposal reads it all (~0.3 s, six times a
+    proposal's time; a 300-token prompt's first proposal reads it all (~0.3 s, over twice a
     proposal's deadline) and still drafts, where it used to go late and leave the request on
     the target alone."""
     health = DeploymentHealth(fake_triton, HealthConfig(), SpeculationGovernor(Policy()), model_name="spec_decode",
