@@ -121,3 +121,26 @@ def test_the_goodput_line_says_what_k_the_controller_would_draft_and_why():
     assert "young" not in line
     lines = format_status({"k_choices": {"model:young": 8, "model:best": 40}})
     assert "model:best 40, model:young 8 (iterations, since start)" in next(x for x in lines if x.startswith("k chosen"))
+
+
+def test_the_draft_line_says_its_deadline_what_it_is_made_of_and_how_many_calls_missed_it():
+    from trtspec.serving.deadline import AdaptiveDeadline, Work
+    from trtspec.serving.status import format_status
+
+    d = AdaptiveDeadline(floor_s=0.01, max_s=2.0, multiplier=4.0, min_samples=4)
+
+    def line() -> str:
+        draft = {"triton_ready": True, "answers": True, "latency_ms": 3.0,
+                 "supervisor": {"state": "healthy", "deadline": d.snapshot()}}
+        return next(x for x in format_status({"models": {"draft": draft}}) if x.startswith("draft"))
+
+    assert "deadline 2000 ms (not measured yet); 0 late of 0 calls" in line()
+    for _ in range(40):
+        d.observe(0.05, Work(tokens=6, drafted=5))
+    d.observe_late()
+    assert "deadline 200 ms (4 x p95 50 ms; reads not measured yet); 1 late of 41 calls" in line()
+    for _ in range(3):
+        d.observe(0.45, Work(tokens=405, drafted=5))
+    assert "+ 1.00 ms a token read" in line()
+    d = AdaptiveDeadline(fixed_s=0.3)
+    assert "deadline fixed at 300 ms" in line()

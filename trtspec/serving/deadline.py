@@ -179,6 +179,7 @@ class AdaptiveDeadline:
             "deadline_s": self.deadline_s(),
             "fixed": self.fixed_s > 0,
             "p95_s": self.p95_s(),
+            "multiplier": self.multiplier,
             "read_s_per_token": self._read_rate,
             "on_time": self.on_time,
             "late": self.late,

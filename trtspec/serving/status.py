@@ -299,6 +299,8 @@ def format_status(st: dict) -> list[str]:
                 s += f", last outage {last['downtime_s']:.1f}s"
             parts.append(s)
             parts.append(_calls_text(sup))
+            if sup.get("deadline"):
+                parts.append(_deadline_text(sup["deadline"]))
         if m.get("sessions") is not None:
             parts.append(f"{m['sessions']} session(s)")
         if m.get("faults"):
@@ -341,6 +343,19 @@ def _goodput_text(g: dict) -> str:
     pays = "nothing pays at any acceptance" if be >= 1.0 else f"drafting pays above {be:.2f}"
     text = f"k now {g.get('k_best_now')}; acceptance per position {acc}; {cost_s}; {pays}"
     return text + ("; young: still measuring its first drafts" if g.get("young") else "")
+
+
+def _deadline_text(d: dict) -> str:
+    """The draft's adaptive deadline in a few words: now, what it is made of, how many calls missed it."""
+    if d.get("fixed"):
+        head = f"deadline fixed at {d['deadline_s'] * 1000:.0f} ms"
+    elif d.get("p95_s") is None:
+        head = f"deadline {d['deadline_s'] * 1000:.0f} ms (not measured yet)"
+    else:
+        rate = d.get("read_s_per_token")
+        reads = "reads not measured yet" if rate is None else f"+ {rate * 1000:.2f} ms a token read"
+        head = f"deadline {d['deadline_s'] * 1000:.0f} ms ({d['multiplier']:g} x p95 {d['p95_s'] * 1000:.0f} ms; {reads})"
+    return f"{head}; {d.get('late', 0)} late of {d.get('late', 0) + d.get('on_time', 0)} calls"
 
 
 def _calls_text(sup: dict) -> str:
