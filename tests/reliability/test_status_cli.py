@@ -129,9 +129,9 @@ def test_the_draft_line_says_its_deadline_what_it_is_made_of_and_how_many_calls_
 
     d = AdaptiveDeadline(floor_s=0.01, max_s=2.0, multiplier=4.0, min_samples=4)
 
-    def line() -> str:
+    def line(deadline: dict | None = None) -> str:
         draft = {"triton_ready": True, "answers": True, "latency_ms": 3.0,
-                 "supervisor": {"state": "healthy", "deadline": d.snapshot()}}
+                 "supervisor": {"state": "healthy", "deadline": deadline or d.snapshot()}}
         return next(x for x in format_status({"models": {"draft": draft}}) if x.startswith("draft"))
 
     assert "deadline 2000 ms (not measured yet); 0 late of 0 calls" in line()
@@ -142,5 +142,7 @@ def test_the_draft_line_says_its_deadline_what_it_is_made_of_and_how_many_calls_
     for _ in range(3):
         d.observe(0.45, Work(tokens=405, drafted=5))
     assert "+ 1.00 ms a token read" in line()
+    older = {k: v for k, v in d.snapshot().items() if k not in ("multiplier", "read_s_per_token")}  # an older server's
+    assert "(p95 450 ms; reads not measured yet)" in line(older)  # no multiplier, no read rate: not named
     d = AdaptiveDeadline(fixed_s=0.3)
     assert "deadline fixed at 300 ms" in line()

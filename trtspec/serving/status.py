@@ -354,7 +354,8 @@ def _deadline_text(d: dict) -> str:
     else:
         rate = d.get("read_s_per_token")
         reads = "reads not measured yet" if rate is None else f"+ {rate * 1000:.2f} ms a token read"
-        head = f"deadline {d['deadline_s'] * 1000:.0f} ms ({d['multiplier']:g} x p95 {d['p95_s'] * 1000:.0f} ms; {reads})"
+        times = f"{d['multiplier']:g} x " if d.get("multiplier") else ""  # a server older than this CLI: none
+        head = f"deadline {d['deadline_s'] * 1000:.0f} ms ({times}p95 {d['p95_s'] * 1000:.0f} ms; {reads})"
     return f"{head}; {d.get('late', 0)} late of {d.get('late', 0) + d.get('on_time', 0)} calls"
 
 
