@@ -92,7 +92,7 @@ def test_memory_plan_of_a_cpu_build(tiny_build: BuildResult) -> None:
     assert plan.device.kind == "cpu" and plan.device.source in ("/proc/meminfo", "psutil")
     assert plan.tokens_per_sequence == 256 + 5 and plan.sessions == 4
     assert plan.target.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # 2 layers, 2 kv heads, head_dim 16, fp32
-    assert plan.draft.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # int8 weights run with a bf16 cache
+    assert plan.draft.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4  # int8 weights, bf16 activations: on the CPU a fp32 cache
     assert tiny_build.manifest.memory_plan == plan.to_dict()
 
 

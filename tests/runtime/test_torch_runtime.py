@@ -8,11 +8,12 @@ import shutil
 import pytest
 import torch
 
+from trtspec.builder.memory import kv_bytes_per_token
 from trtspec.errors import CheckpointError, IncompatibleModelsError
 from trtspec.runtime.pair import load_pair
 from trtspec.runtime.torch import llama
 from trtspec.runtime.torch.llama import DEQUANT_ROWS, Int8Weight, _linear, cpu_packing, pack_cpu, quantize_int8
-from trtspec.runtime.torch.loader import load_model
+from trtspec.runtime.torch.loader import kv_cache_dtype, load_model, read_config
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,21 @@ def test_kv_cache_grows_past_its_initial_capacity(tiny_target):
     out = torch.cat([s.forward(ids[:5], 5), s.forward(ids[5:30], 25), s.forward(ids[30:], len(ids) - 30)])
     fresh = m.lm.new_session().forward(ids, len(ids))
     torch.testing.assert_close(out, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_the_cpu_caches_in_float32_and_the_build_plans_for_it(tiny_target):
+    """Every lean model attends over a float32 cache on the CPU (``llama.kv_dtype``: torch's attention
+    over a bf16 cache costs several times as much per key for one row), on the GPU over its compute
+    dtype; the memory plan counts the cache the runtime allocates (``kv_cache_dtype``)."""
+    cfg = read_config(tiny_target)
+    for precision in ("fp32", "bf16", "fp16", "int8"):
+        cache = load_model(tiny_target, precision).lm.new_cache(8)
+        assert cache.k.dtype == cache.v.dtype == torch.float32, precision
+        assert kv_cache_dtype(cfg, precision, "cpu") == torch.float32
+        assert cache.nbytes() == 8 * kv_bytes_per_token(cfg, kv_cache_dtype(cfg, precision, "cpu").itemsize)
+    assert kv_cache_dtype(cfg, "int8", "cuda") == kv_cache_dtype(cfg, "bf16", "cuda:0") == torch.bfloat16
+    assert kv_cache_dtype(cfg, "fp16", "cuda") == torch.float16
+    assert kv_cache_dtype({**cfg, "architectures": ["GPT2LMHeadModel"]}, "bf16", "cpu") == torch.bfloat16  # HF's cache
 
 
 def test_quantize_int8_roundtrip_and_idempotence():

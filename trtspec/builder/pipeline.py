@@ -68,7 +68,13 @@ from trtspec.builder.repo import default_drafter_for, write_model_repo
 from trtspec.errors import TrtspecError
 from trtspec.runtime.compat import CompatReport, check_compatible, target_facts
 from trtspec.runtime.tokenizer import Tokenizer
-from trtspec.runtime.torch.loader import checkpoint_precision, read_config, resolve_checkpoint, resolve_device
+from trtspec.runtime.torch.loader import (
+    checkpoint_precision,
+    kv_cache_dtype,
+    read_config,
+    resolve_checkpoint,
+    resolve_device,
+)
 from trtspec.wire import DRAFTERS, SPEC_DECODE, SpecDecodeParams
 
 STEPS = ("check", "quantize", "compile", "memory", "manifest", "model_repo")
@@ -785,11 +791,11 @@ def _device_memory(opts: BuildOptions, device: str) -> DeviceMemory:
 
 
 def _torch_footprint(side: _Side, kind: str) -> ModelFootprint:
-    kv_dtype_bytes = 4 if side.precision == "fp32" else 2  # the cache is kept in the compute dtype (bf16 for int8)
+    kv_dtype = kv_cache_dtype(side.cfg, side.precision, "cpu" if kind == "cpu" else "cuda")
     return ModelFootprint(
         role=side.role,
         weight_bytes=runtime_weight_bytes(side.src, side.cfg, side.precision),
-        kv_bytes_per_token=kv_bytes_per_token(side.cfg, kv_dtype_bytes),
+        kv_bytes_per_token=kv_bytes_per_token(side.cfg, kv_dtype.itemsize),
         overhead_bytes=DEFAULT_OVERHEAD_BYTES[kind],
     )
 

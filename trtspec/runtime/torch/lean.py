@@ -23,6 +23,7 @@ from trtspec.runtime.torch.llama import (
     LlamaWeights,
     causal_mask,
     forward,
+    kv_dtype,
 )
 from trtspec.runtime.torch.shapes import Capture, GraphCache, ShapePlan, Step
 
@@ -153,7 +154,8 @@ class LeanLlamaLM:
         return LeanSession(self, session_id)
 
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.cfg, self.weights.dtype, self.weights.device, capacity)
+        w = self.weights
+        return KVCache(self.cfg, kv_dtype(w.dtype, w.device.type), w.device, capacity)
 
     def weight_bytes(self) -> int:
         return self.weights.nbytes()

@@ -30,7 +30,7 @@ from trtspec.paths import cache_dir
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.hf import HFCausalLM
 from trtspec.runtime.torch.lean import LeanLlamaLM
-from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights
+from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights, kv_dtype
 from trtspec.runtime.torch.shapes import EXACT_ROWS, GRAPH_ROWS, GraphStats, ShapePlan
 
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
@@ -170,6 +170,20 @@ def _has_int8_tensors(path: Path) -> bool:
     return False
 
 
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype a model computes in at ``precision`` (resolved, not ``auto``): int8 weights run with bfloat16 activations."""
+    return torch.bfloat16 if precision == "int8" else _DTYPES[precision]
+
+
+def kv_cache_dtype(cfg: dict, precision: str, device: str) -> torch.dtype:
+    """The dtype :func:`load_model` keeps a model's KV cache in (``precision`` resolved): the lean
+    runtime's rule (:func:`~trtspec.runtime.torch.llama.kv_dtype`) for the Llama family, the compute
+    dtype in transformers'. The build's memory plan counts the cache with it."""
+    lean = any(a in SUPPORTED_ARCHITECTURES for a in cfg.get("architectures") or [])
+    compute = compute_dtype(precision)
+    return kv_dtype(compute, torch.device(device).type) if lean else compute
+
+
 def load_model(
     path: str | Path,
     precision: Precision = "auto",
@@ -211,8 +225,7 @@ def load_model(
     if impl == "lean":
         lcfg = LlamaConfig.from_hf(cfg)
         tensors = read_tensors(hf_dir)
-        dtype = torch.bfloat16 if precision == "int8" else _DTYPES[precision]
-        weights = LlamaWeights(lcfg, tensors, dtype, dev, int8=precision == "int8")
+        weights = LlamaWeights(lcfg, tensors, compute_dtype(precision), dev, int8=precision == "int8")
         del tensors
         plan = ShapePlan(exact_rows=EXACT_ROWS if exact else None, rows_buckets=GRAPH_ROWS if graphs else ())
         lm: LeanLlamaLM | HFCausalLM = LeanLlamaLM(weights, max_context=max_context, plan=plan, graphs=graphs)
