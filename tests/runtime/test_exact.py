@@ -124,9 +124,9 @@ def test_exact_mode_rows_do_not_depend_on_the_pass(tiny_target, precision):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_without_exact_mode_rows_depend_on_the_pass(demo_pair_paths, precision):
-    """What exact mode fixes (the same measurement without it), on the demo target: its matmuls sum a
-    row differently in a 1-row and a 6-row pass. The tiny target's rows agree on the CPU: at its sizes
-    only attention differed, and the CPU attends in float32 (``llama.kv_dtype``)."""
+    """What exact mode fixes (the same measurement without it), on the demo target: a row's logits
+    differ between a 1-row and a 6-row pass (on the CPU through attention, which sums a row differently
+    by the pass's rows). The tiny target's rows happen to agree on the CPU at its sizes."""
     lm = load_model(demo_pair_paths.target, precision, exact=False).lm
     assert any(not torch.equal(*one_row_vs_six(lm, ids)) for ids in prompts(12, seed=2))
 

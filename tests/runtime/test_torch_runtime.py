@@ -12,7 +12,15 @@ from trtspec.builder.memory import kv_bytes_per_token
 from trtspec.errors import CheckpointError, IncompatibleModelsError
 from trtspec.runtime.pair import load_pair
 from trtspec.runtime.torch import llama
-from trtspec.runtime.torch.llama import DEQUANT_ROWS, Int8Weight, _linear, cpu_packing, pack_cpu, quantize_int8
+from trtspec.runtime.torch.llama import (
+    DEQUANT_ROWS,
+    Int8Weight,
+    _linear,
+    cpu_bf16_matmul,
+    cpu_packing,
+    pack_cpu,
+    quantize_int8,
+)
 from trtspec.runtime.torch.loader import kv_cache_dtype, load_model, read_config
 
 
@@ -51,13 +59,35 @@ def test_cpu_fp32_matrices_run_packed_and_a_row_does_not_depend_on_the_others(ti
     w = load_model(tiny_target, "fp32", impl="lean").lm.weights
     assert w.layers[0].w_qkv.is_mkldnn and w.layers[-1].w_down.is_mkldnn and w.lm_head.is_mkldnn
     assert not w.embed.is_mkldnn  # the lookup wants the plain matrix
-    assert not load_model(tiny_target, "bf16", impl="lean").lm.weights.layers[0].w_qkv.is_mkldnn
+    assert not load_model(tiny_target, "fp16", impl="lean").lm.weights.layers[0].w_qkv.is_mkldnn
+    assert load_model(tiny_target, "bf16", impl="lean").lm.weights.layers[0].w_qkv.is_mkldnn == cpu_bf16_matmul()
     g = torch.Generator().manual_seed(0)
     m, x = torch.randn(300, 64, generator=g), torch.randn(6, 64, generator=g)
     six = _linear(x, pack_cpu(m))
     torch.testing.assert_close(six, x @ m.T, atol=1e-5, rtol=1e-5)
     assert torch.equal(_linear(x[:1], pack_cpu(m))[0], six[0])
     assert torch.equal(_linear(x[[3, 0, 1, 2, 4, 5]], pack_cpu(m))[0], six[3])
+
+
+@pytest.mark.skipif(not cpu_packing(), reason="this torch has no oneDNN (mkldnn)")
+@pytest.mark.parametrize("bf16_in_hardware", [True, False])
+def test_bf16_matrices_run_packed_where_the_cpu_multiplies_bf16(monkeypatch, tiny_target, bf16_in_hardware):
+    """Packed or not, a bf16 model computes the same logits (to bf16's precision), and in exact mode a
+    row's logits still do not depend on its pass. (Forced either way: oneDNN runs bf16 on any x86 CPU,
+    emulated where the hardware lacks it, so both paths are checked on every machine.)"""
+    monkeypatch.setattr(llama, "_CPU_BF16", bf16_in_hardware)
+    lm = load_model(tiny_target, "bf16").lm
+    assert lm.weights.layers[0].w_gate_up.is_mkldnn == lm.weights.lm_head.is_mkldnn == bf16_in_hardware
+    monkeypatch.setattr(llama, "_CPU_BF16", not bf16_in_hardware)
+    other = load_model(tiny_target, "bf16").lm
+    torch.testing.assert_close(lm.new_session().forward(PROMPT, len(PROMPT)),
+                               other.new_session().forward(PROMPT, len(PROMPT)), atol=2e-2, rtol=2e-2)
+    monkeypatch.setattr(llama, "_CPU_BF16", bf16_in_hardware)
+    exact = load_model(tiny_target, "bf16", exact=True).lm
+    one, six = exact.new_session(), exact.new_session()
+    one.forward(PROMPT, 0)
+    six.forward(PROMPT, 0)
+    assert torch.equal(one.forward([5], 1)[0], six.forward([5, 6, 7, 8, 9, 10], 6)[0])
 
 
 @pytest.mark.parametrize("impl", ["lean", "hf"])

@@ -109,16 +109,25 @@ def cpu_packing() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def bf16_packs(dtype: torch.dtype) -> bool:
+    """Whether bfloat16 matrices on the CPU are packed too: where the CPU multiplies bf16 in hardware.
+    The demo target in bf16 on a 2-core Zen 4 EPYC: 1 row 26.4 -> 21.3 ms, 8 rows 31.9 -> 24.6 ms, an
+    exact-mode pass 41.9 -> 26.9 ms (docs/runtime.md); elsewhere oneDNN would emulate bf16."""
+    return dtype == torch.bfloat16 and _CPU_BF16
+
+
 def pack_cpu(w: torch.Tensor) -> torch.Tensor:
-    """A float32 ``[out, in]`` matrix laid out for oneDNN's matmul (an opaque ``torch._mkldnn`` tensor).
+    """A float32 (or bf16, :func:`bf16_packs`) ``[out, in]`` matrix laid out for oneDNN's matmul (an
+    opaque ``torch._mkldnn`` tensor).
 
     On a few-core CPU, ``F.linear`` (MKL) costs about as much per row as for one
     row: 2 rows 1.5x and 6 rows 2.2x of a 1-row pass of the 135M target on an
     AVX2 EPYC, so verifying k drafts cost almost k steps. oneDNN on the packed
     matrix is faster at every row count (1 row: the LM head 6.4 vs 11.9 ms; 6 rows:
-    9.3 vs 40 ms), and a row's product does not depend on the other rows or their
-    number, bit for bit (a whole pass still does, in the last bits, through
-    attention: exact mode is what pads that away).
+    9.3 vs 40 ms). A row's product does not depend on the other rows or their
+    number, bit for bit, for matrices of up to 576 inputs; with 1,536 or more
+    (SmolLM2's down projection) in float32 it does, in the last bits, as does
+    attention: exact mode is what pads that away.
     """
     return torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
 
@@ -201,9 +210,10 @@ class LlamaWeights:
     come pre-quantized as ``name`` (int8) plus ``name + "_scale"`` ([out]).
     With ``int8=True`` every matrix (embedding and LM head included) runs as
     weight-only int8 with activations in ``dtype``; float matrices are
-    quantized on load with :func:`quantize_int8`. In float32 on the CPU the
-    matrices are packed for oneDNN (:func:`pack_cpu`); the embedding stays a
-    plain matrix for the lookup, so a tied LM head is held twice.
+    quantized on load with :func:`quantize_int8`. In float32 on the CPU (and
+    bf16, :func:`bf16_packs`) the matrices are packed for oneDNN
+    (:func:`pack_cpu`); the embedding stays a plain matrix for the lookup, so
+    a tied LM head is held twice.
     """
 
     def __init__(
@@ -220,7 +230,7 @@ class LlamaWeights:
         self.int8 = int8
         if int8 and dtype != torch.bfloat16:
             raise CheckpointError("int8 weight-only compute runs with bfloat16 activations")
-        pack = self.device.type == "cpu" and dtype == torch.float32 and cpu_packing()
+        pack = self.device.type == "cpu" and cpu_packing() and (dtype == torch.float32 or bf16_packs(dtype))
 
         def raw(name: str) -> torch.Tensor:
             t = tensors.get(name)
