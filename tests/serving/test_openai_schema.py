@@ -54,6 +54,8 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: chat(response_format={"type": "json_object"}), "response_format"),
     (lambda: chat(stream_options={"include_usage": True}), "stream_options"),  # without stream
     (lambda: CompletionRequest(model="m", prompt=["a", "b"]), "prompt"),
+    (lambda: CompletionRequest(model="m", prompt=[1, 2, 3]), "prompt"),  # token ids
+    (lambda: CompletionRequest(model="m", prompt=[[1, 2], [3]]), "prompt"),
     (lambda: CompletionRequest(model="m", prompt="a", echo=True), "echo"),
     (lambda: CompletionRequest(model="m", prompt="a", best_of=2), "best_of"),
 ])

@@ -148,7 +148,7 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # OpenAI takes token ids too: refused by name
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -156,6 +156,8 @@ class CompletionRequest(_Request):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
+        if isinstance(self.prompt, list) and any(not isinstance(p, str) for p in self.prompt):
+            raise OpenAIError(400, "prompt as token ids is not supported by this server; send it as text", "prompt")
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise OpenAIError(400, f"prompt holds {len(self.prompt)} strings; this server takes one prompt per request",
                               "prompt")
