@@ -386,11 +386,11 @@ def _qkv(
     n, nh, nkv, hd = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     h = _rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)
     qkv = _linear(h, layer.w_qkv, layer.b_qkv)  # [R, (nh + 2 nkv) hd]
-    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-    q = q.view(n, nh, hd).transpose(0, 1)
-    k = k.view(n, nkv, hd).transpose(0, 1)
-    v = v.view(n, nkv, hd).transpose(0, 1)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+    qk, v = qkv.split([(nh + nkv) * hd, nkv * hd], dim=-1)
+    qk = qk.view(n, nh + nkv, hd).transpose(0, 1)
+    qk = qk * cos + _rotate_half(qk) * sin  # RoPE on the query and key heads at once: half the ops
+    q, k = qk.split([nh, nkv])
+    return q, k, v.view(n, nkv, hd).transpose(0, 1)
 
 
 def _attend_mlp(
