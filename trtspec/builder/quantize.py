@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from trtspec.builder.errors import BuildError
-from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, quantize_int8
+from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, lean_runs, quantize_int8
 from trtspec.runtime.torch.loader import QUANT_KEY, LoadedModel, load_model, read_config, read_tensors
 from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
 
@@ -76,7 +76,7 @@ def write_int8_checkpoint(src: Path, dst: Path) -> Int8Checkpoint:
     """
     cfg = read_config(src)
     archs = cfg.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+    if not lean_runs(cfg):
         raise BuildError(
             f"an int8 draft runs on the lean runtime, which supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
             f"the draft is {archs or 'of unknown architecture'} (use --draft-quant none)"

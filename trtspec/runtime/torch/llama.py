@@ -28,6 +28,11 @@ PACK_ROWS = 64  # the row count oneDNN lays packed CPU weights out for (any coun
 DEQUANT_ROWS = 16  # from this many rows on, a CPU with bf16 in hardware dequantizes int8 matrices (_int8_by_int8pack)
 
 
+def lean_runs(cfg: Mapping) -> bool:
+    """Whether the lean runtime runs a checkpoint with this ``config.json`` (else transformers does)."""
+    return any(a in SUPPORTED_ARCHITECTURES for a in cfg.get("architectures") or [])
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     vocab_size: int
@@ -47,7 +52,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, cfg: Mapping) -> LlamaConfig:
         archs = cfg.get("architectures") or []
-        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        if not lean_runs(cfg):
             raise CheckpointError(f"lean runtime supports {SUPPORTED_ARCHITECTURES}, checkpoint is {archs}")
         if cfg.get("sliding_window") and cfg.get("use_sliding_window", "Mistral" in str(archs)):
             raise CheckpointError("sliding-window attention is not supported by the lean runtime")

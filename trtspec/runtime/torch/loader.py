@@ -30,7 +30,7 @@ from trtspec.paths import cache_dir
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.hf import HFCausalLM
 from trtspec.runtime.torch.lean import LeanLlamaLM
-from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights, kv_dtype
+from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights, kv_dtype, lean_runs
 from trtspec.runtime.torch.shapes import EXACT_ROWS, GRAPH_ROWS, GraphStats, ShapePlan
 
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
@@ -171,7 +171,8 @@ def _has_int8_tensors(path: Path) -> bool:
 
 
 def compute_dtype(precision: str) -> torch.dtype:
-    """The dtype a model computes in at ``precision`` (resolved, not ``auto``): int8 weights run with bfloat16 activations."""
+    """The dtype a model computes in at ``precision`` (resolved, not ``auto``): int8 weights run with
+    bfloat16 activations."""
     return torch.bfloat16 if precision == "int8" else _DTYPES[precision]
 
 
@@ -179,9 +180,8 @@ def kv_cache_dtype(cfg: dict, precision: str, device: str) -> torch.dtype:
     """The dtype :func:`load_model` keeps a model's KV cache in (``precision`` resolved): the lean
     runtime's rule (:func:`~trtspec.runtime.torch.llama.kv_dtype`) for the Llama family, the compute
     dtype in transformers'. The build's memory plan counts the cache with it."""
-    lean = any(a in SUPPORTED_ARCHITECTURES for a in cfg.get("architectures") or [])
     compute = compute_dtype(precision)
-    return kv_dtype(compute, torch.device(device).type) if lean else compute
+    return kv_dtype(compute, torch.device(device).type) if lean_runs(cfg) else compute
 
 
 def load_model(
@@ -207,7 +207,7 @@ def load_model(
     if precision == "auto":
         precision = checkpoint_precision(cfg, hf_dir) or ("fp32" if dev == "cpu" else "bf16")
     archs = cfg.get("architectures") or []
-    lean_ok = any(a in SUPPORTED_ARCHITECTURES for a in archs)
+    lean_ok = lean_runs(cfg)
     if impl == "auto":
         impl = "lean" if lean_ok else "hf"
     if impl == "lean" and not lean_ok:
