@@ -115,10 +115,17 @@ def cpu_packing() -> bool:
 
 
 def bf16_packs(dtype: torch.dtype) -> bool:
-    """Whether bfloat16 matrices on the CPU are packed too: where the CPU multiplies bf16 in hardware.
+    """Whether bfloat16 matrices on the CPU are packed too: where the CPU multiplies bf16 in hardware
+    and oneDNN runs bf16 (it refuses to where it is held below AVX-512, ``ONEDNN_MAX_CPU_ISA``).
     The demo target in bf16 on a 2-core Zen 4 EPYC: 1 row 26.4 -> 21.3 ms, 8 rows 31.9 -> 24.6 ms, an
     exact-mode pass 41.9 -> 26.9 ms (docs/runtime.md); elsewhere oneDNN would emulate bf16."""
-    return dtype == torch.bfloat16 and _CPU_BF16
+    return dtype == torch.bfloat16 and _CPU_BF16 and onednn_bf16()
+
+
+def onednn_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 matmuls on this CPU (natively or emulated)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(cpu_packing() and probe is not None and probe())
 
 
 def pack_cpu(w: torch.Tensor) -> torch.Tensor:
