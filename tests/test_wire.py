@@ -53,9 +53,11 @@ def test_bad_parameters_are_refused_in_one_line(params, message):
 def test_lm_faults_are_checked_and_refused_on_the_target():
     with pytest.raises(ValueError, match=r"parameter 'fault_fail_share' must be in \[0, 1\], got 1.5"):
         LMParams.from_parameters({"checkpoint": "/c", "fault_fail_share": "1.5"}, "draft")
-    with pytest.raises(ValueError, match="fault injection is for the draft only"):
-        LMParams.from_parameters({"checkpoint": "/c", "fault_delay_s": "0.1"}, "target")
+    for fault in ("fault_wrong_share", "fault_fail_share"):
+        with pytest.raises(ValueError, match="wrong tokens and failures are injected into the draft only"):
+            LMParams.from_parameters({"checkpoint": "/c", fault: "0.1"}, "target")
     assert LMParams.from_parameters({"checkpoint": "/c", "fault_delay_s": "0.1"}, "draft").has_faults
+    assert LMParams.from_parameters({"checkpoint": "/c", "fault_delay_s": "0.1"}, "target").has_faults  # a slow target
     assert not LMParams(checkpoint="/c").has_faults
 
 

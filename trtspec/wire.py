@@ -354,7 +354,7 @@ class LMParams(ModelParams):
                        "output does not change with speculation (docs/runtime.md)")
     fault_wrong_share: float = param(0.0, "share of drafted tokens replaced by a wrong one")
     fault_fail_share: float = param(0.0, "share of forward passes that raise")
-    fault_delay_s: float = param(0.0, "delay added to a forward pass")
+    fault_delay_s: float = param(0.0, "delay added to a forward pass (the draft's or the target's)")
     fault_delay_share: float = param(1.0, "share of forward passes delayed")
     fault_seed: int = param(0, "seed of the fault draws")
 
@@ -376,5 +376,6 @@ class LMParams(ModelParams):
                 raise ValueError(f"model '{model}': parameter {key!r} must be in [0, 1], got {v}")
         if self.fault_delay_s < 0:
             raise ValueError(f"model '{model}': parameter 'fault_delay_s' must be >= 0, got {self.fault_delay_s}")
-        if self.has_faults and model == TARGET:
-            raise ValueError("model 'target': fault injection is for the draft only (it would change outputs)")
+        if model == TARGET and (self.fault_wrong_share or self.fault_fail_share):
+            raise ValueError("model 'target': wrong tokens and failures are injected into the draft only "
+                             "(they would change outputs); a delay may slow either")

@@ -1,4 +1,6 @@
-"""``trtspec serve`` drains on SIGTERM (a real process and tritonserver, tiny long-context target).
+"""``trtspec serve`` drains on SIGTERM (a real process and tritonserver, tiny long-context target, each of
+its passes delayed 10 ms so that the long request cannot end within the grace period on a fast machine:
+undelayed, it decoded its 700 tokens in 2.95 s of a 3 s grace on a 2-core Zen 4).
 
 One server for the whole story: a request streaming when the signal comes gets its full answer;
 one sent after it is refused with one line (over gRPC and through the OpenAI endpoint, whose
@@ -25,13 +27,15 @@ from trtspec.serving.launcher import ServerError, find_tritonserver
 from trtspec.testing.serve import serve_process
 
 GRACE_S = 3.0
+TARGET_DELAY_S = 0.01  # the long request's 700 passes take >= 7 s; the short one's 60, >= 0.6 s
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("drain")
     target, _ = long_context_pair(root / "models")
-    return write_model_repo(root / "repo", target_checkpoint=target, max_tokens_limit=1000)
+    return write_model_repo(root / "repo", target_checkpoint=target, max_tokens_limit=1000,
+                            target_parameters={"fault_delay_s": TARGET_DELAY_S})
 
 
 def _not_ready_within(ready_url: str, timeout_s: float) -> int:

@@ -76,7 +76,7 @@ class _WrongTokenSession(SessionWrapper):
 
 
 class UnreliableDraft(ModelWrapper):
-    """A draft that is slow or fails.
+    """A draft that is slow or fails (or, slow only, a target: served, ``fault_delay_s``).
 
     Every ``forward`` first waits ``delay_s`` (through ``sleep``, so tests pass
     a fake clock's ``sleep``); then, once ``fail_after`` forwards have
