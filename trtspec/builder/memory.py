@@ -46,6 +46,7 @@ TRTLLM_TOKENS_PER_BLOCK = 32  # TensorRT-LLM's default paged-KV block
 _FRACTION_CEILING = 0.95
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1}
+_EMBEDDING = "model.embed_tokens.weight"  # a tied LM head is this matrix
 
 
 # -- what there is ----------------------------------------------------------------------
@@ -131,13 +132,17 @@ def _tensor_shapes(path: Path) -> dict[str, tuple[str, list[int]]]:
     return shapes
 
 
-def runtime_weight_bytes(path: Path, cfg: dict, precision: str, int8_exclude: tuple[str, ...] = ()) -> int:
+def runtime_weight_bytes(
+    path: Path, cfg: dict, precision: str, int8_exclude: tuple[str, ...] = (), packed: bool = False
+) -> int:
     """Bytes of weights a runtime holds for the checkpoint at ``path`` in ``precision``.
 
     Matches the torch runtime: ``fp32``/``bf16``/``fp16``: every parameter at
     that width; ``int8``: each matrix 1 byte per weight plus one 2-byte
     (bfloat16) scale per row, vectors in bfloat16. A tied LM head is counted
-    once. ``int8_exclude``: name fragments of matrices kept at 2 bytes under
+    once, or twice when the runtime packs its matrices (``packed``,
+    ``loader.weights_packed``: the embedding stays plain for the lookup).
+    ``int8_exclude``: name fragments of matrices kept at 2 bytes under
     int8 (TensorRT-LLM's W8A16 leaves the embedding and LM head in 16 bits).
     """
     if precision not in _DTYPE_BYTES:
@@ -157,7 +162,7 @@ def runtime_weight_bytes(path: Path, cfg: dict, precision: str, int8_exclude: tu
             else:
                 total += numel * 2
         else:
-            total += numel * _DTYPE_BYTES[precision]
+            total += numel * _DTYPE_BYTES[precision] * (2 if packed and tied and name == _EMBEDDING else 1)
     return total
 
 

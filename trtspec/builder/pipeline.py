@@ -74,6 +74,7 @@ from trtspec.runtime.torch.loader import (
     read_config,
     resolve_checkpoint,
     resolve_device,
+    weights_packed,
 )
 from trtspec.wire import DRAFTERS, SPEC_DECODE, SpecDecodeParams
 
@@ -791,10 +792,12 @@ def _device_memory(opts: BuildOptions, device: str) -> DeviceMemory:
 
 
 def _torch_footprint(side: _Side, kind: str) -> ModelFootprint:
-    kv_dtype = kv_cache_dtype(side.cfg, side.precision, "cpu" if kind == "cpu" else "cuda")
+    device = "cpu" if kind == "cpu" else "cuda"
+    kv_dtype = kv_cache_dtype(side.cfg, side.precision, device)
+    packed = weights_packed(side.cfg, side.precision, device)
     return ModelFootprint(
         role=side.role,
-        weight_bytes=runtime_weight_bytes(side.src, side.cfg, side.precision),
+        weight_bytes=runtime_weight_bytes(side.src, side.cfg, side.precision, packed=packed),
         kv_bytes_per_token=kv_bytes_per_token(side.cfg, kv_dtype.itemsize),
         overhead_bytes=DEFAULT_OVERHEAD_BYTES[kind],
     )

@@ -128,6 +128,11 @@ def onednn_bf16() -> bool:
     return bool(cpu_packing() and probe is not None and probe())
 
 
+def packs(dtype: torch.dtype, device_type: str) -> bool:
+    """Whether a model's float matrices in ``dtype`` are packed for oneDNN (:func:`pack_cpu`) there."""
+    return device_type == "cpu" and cpu_packing() and (dtype == torch.float32 or bf16_packs(dtype))
+
+
 def pack_cpu(w: torch.Tensor) -> torch.Tensor:
     """A float32 (or bf16, :func:`bf16_packs`) ``[out, in]`` matrix laid out for oneDNN's matmul (an
     opaque ``torch._mkldnn`` tensor).
@@ -242,7 +247,7 @@ class LlamaWeights:
         self.int8 = int8
         if int8 and dtype != torch.bfloat16:
             raise CheckpointError("int8 weight-only compute runs with bfloat16 activations")
-        pack = self.device.type == "cpu" and cpu_packing() and (dtype == torch.float32 or bf16_packs(dtype))
+        pack = not int8 and packs(dtype, self.device.type)
 
         def raw(name: str) -> torch.Tensor:
             t = tensors.get(name)
@@ -311,7 +316,7 @@ class LlamaWeights:
         self.sin = emb.sin().to(device=self.device, dtype=dtype)
 
     def nbytes(self) -> int:
-        """Bytes of weights held (a tied LM head counted once)."""
+        """Bytes of weights held (a tied LM head once, or twice where the matrices are packed)."""
         weights: list[Weight] = [self.embed, self.norm]
         if self.lm_head is not self.embed:
             weights.append(self.lm_head)

@@ -30,7 +30,14 @@ from trtspec.paths import cache_dir
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.hf import HFCausalLM
 from trtspec.runtime.torch.lean import LeanLlamaLM
-from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, LlamaConfig, LlamaWeights, kv_dtype, lean_runs
+from trtspec.runtime.torch.llama import (
+    SUPPORTED_ARCHITECTURES,
+    LlamaConfig,
+    LlamaWeights,
+    kv_dtype,
+    lean_runs,
+    packs,
+)
 from trtspec.runtime.torch.shapes import EXACT_ROWS, GRAPH_ROWS, GraphStats, ShapePlan
 
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
@@ -174,6 +181,13 @@ def compute_dtype(precision: str) -> torch.dtype:
     """The dtype a model computes in at ``precision`` (resolved, not ``auto``): int8 weights run with
     bfloat16 activations."""
     return torch.bfloat16 if precision == "int8" else _DTYPES[precision]
+
+
+def weights_packed(cfg: dict, precision: str, device: str) -> bool:
+    """Whether :func:`load_model` packs the model's matrices (``precision`` resolved): then a tied LM
+    head is held twice, the embedding plain for the lookup and the head packed
+    (:func:`~trtspec.runtime.torch.llama.packs`; int8 matrices never are)."""
+    return lean_runs(cfg) and precision != "int8" and packs(compute_dtype(precision), torch.device(device).type)
 
 
 def kv_cache_dtype(cfg: dict, precision: str, device: str) -> torch.dtype:
