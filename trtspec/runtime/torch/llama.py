@@ -114,27 +114,25 @@ def cpu_packing() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def bf16_packs(dtype: torch.dtype) -> bool:
-    """Whether bfloat16 matrices on the CPU are packed too: where the CPU multiplies bf16 in hardware
-    and oneDNN runs bf16 (it refuses to where it is held below AVX-512, ``ONEDNN_MAX_CPU_ISA``).
-    The demo target in bf16 on a 2-core Zen 4 EPYC: 1 row 26.4 -> 21.3 ms, 8 rows 31.9 -> 24.6 ms, an
-    exact-mode pass 41.9 -> 26.9 ms (docs/runtime.md); elsewhere oneDNN would emulate bf16."""
-    return dtype == torch.bfloat16 and _CPU_BF16 and onednn_bf16()
-
-
 def onednn_bf16() -> bool:
-    """Whether oneDNN runs bfloat16 matmuls on this CPU (natively or emulated)."""
+    """Whether oneDNN runs bfloat16 matmuls on this CPU (natively or emulated; it refuses to where it
+    is held below AVX-512, ``ONEDNN_MAX_CPU_ISA``)."""
     probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(cpu_packing() and probe is not None and probe())
 
 
 def packs(dtype: torch.dtype, device_type: str) -> bool:
-    """Whether a model's float matrices in ``dtype`` are packed for oneDNN (:func:`pack_cpu`) there."""
-    return device_type == "cpu" and cpu_packing() and (dtype == torch.float32 or bf16_packs(dtype))
+    """Whether a model's float matrices in ``dtype`` are packed for oneDNN (:func:`pack_cpu`) there:
+    float32 on the CPU; bfloat16 too where the CPU multiplies it in hardware and oneDNN runs it (the
+    demo target in bf16 on a 2-core Zen 4 EPYC: 1 row 26.4 -> 21.3 ms, 8 rows 31.9 -> 24.6 ms, an
+    exact-mode pass 41.9 -> 26.9 ms; docs/runtime.md). Elsewhere oneDNN would emulate bf16."""
+    if device_type != "cpu" or not cpu_packing():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and _CPU_BF16 and onednn_bf16())
 
 
 def pack_cpu(w: torch.Tensor) -> torch.Tensor:
-    """A float32 (or bf16, :func:`bf16_packs`) ``[out, in]`` matrix laid out for oneDNN's matmul (an
+    """A float32 (or bf16, :func:`packs`) ``[out, in]`` matrix laid out for oneDNN's matmul (an
     opaque ``torch._mkldnn`` tensor).
 
     On a few-core CPU, ``F.linear`` (MKL) costs about as much per row as for one
@@ -228,7 +226,7 @@ class LlamaWeights:
     With ``int8=True`` every matrix (embedding and LM head included) runs as
     weight-only int8 with activations in ``dtype``; float matrices are
     quantized on load with :func:`quantize_int8`. In float32 on the CPU (and
-    bf16, :func:`bf16_packs`) the matrices are packed for oneDNN
+    bf16, :func:`packs`) the matrices are packed for oneDNN
     (:func:`pack_cpu`); the embedding stays a plain matrix for the lookup, so
     a tied LM head is held twice.
     """
