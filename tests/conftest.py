@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 # Before torch loads OpenMP: idle OpenMP threads sleep instead of spinning. On a
@@ -48,6 +50,24 @@ def tiny_draft(tiny_dir: Path, tiny_target: Path) -> Path:
 def tiny_bad_draft(tiny_dir: Path) -> Path:
     """An unrelated random model with the same tokenizer: acceptance near zero."""
     return make_tiny_llama(tiny_dir / "bad_draft", seed=7)
+
+
+@pytest.fixture(scope="session")
+def tied_target(tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny target with its LM head tied to the embedding, as SmolLM2's is."""
+    from safetensors.torch import save_file
+
+    from trtspec.runtime.torch.loader import read_config, read_tensors
+
+    out = tmp_path_factory.mktemp("tied")
+    for f in tiny_target.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    cfg = read_config(tiny_target)
+    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    tensors = {k: v.contiguous() for k, v in read_tensors(tiny_target).items() if k != "lm_head.weight"}
+    save_file(tensors, str(out / "model.safetensors"))
+    return out
 
 
 @pytest.fixture(scope="session")

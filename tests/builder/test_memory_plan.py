@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
 from trtspec.builder.memory import (
@@ -25,7 +22,7 @@ from trtspec.builder.memory import (
     runtime_weight_bytes,
 )
 from trtspec.builder.quantize import write_int8_checkpoint
-from trtspec.runtime.torch.loader import load_model, read_config, read_tensors, weights_packed
+from trtspec.runtime.torch.loader import argmax_head_bytes, load_model, read_config, weights_packed
 
 H100 = DeviceMemory("gpu", "H100 80GB", 80 * GiB, "test")
 # Llama-3-8B-ish target (bf16) and a Llama-3.2-1B-ish W8A16 draft.
@@ -178,28 +175,16 @@ def test_reads_host_memory() -> None:
     assert mem.kind == "cpu" and mem.total_bytes > 256 * MiB and mem.source in ("/proc/meminfo", "psutil")
 
 
-@pytest.fixture(scope="module")
-def tied_target(tiny_target: Path, tmp_path_factory) -> Path:
-    """The tiny target with its LM head tied to the embedding, as SmolLM2's is."""
-    out = tmp_path_factory.mktemp("tied")
-    for f in tiny_target.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, out / f.name)
-    cfg = read_config(tiny_target)
-    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
-    tensors = {k: v.contiguous() for k, v in read_tensors(tiny_target).items() if k != "lm_head.weight"}
-    save_file(tensors, str(out / "model.safetensors"))
-    return out
-
-
 @pytest.mark.parametrize("tied", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_weight_bytes_from_headers_match_what_the_runtime_holds(tiny_target, tied_target, precision, tied) -> None:
-    """A tied LM head is held twice where the matrices are packed (fp32 on the CPU; bf16 where it packs)."""
+    """A tied LM head is held twice where the matrices are packed (fp32 on the CPU; bf16 where it packs),
+    and a float32 one's bfloat16 copy too where greedy passes read it (``ArgmaxHead``)."""
     path = tied_target if tied else tiny_target
     cfg = read_config(path)
     held = load_model(path, precision, device="cpu").weight_bytes
-    assert runtime_weight_bytes(path, cfg, precision, packed=weights_packed(cfg, precision, "cpu")) == held
+    planned = runtime_weight_bytes(path, cfg, precision, packed=weights_packed(cfg, precision, "cpu"))
+    assert planned + argmax_head_bytes(cfg, precision, "cpu") == held
 
 
 def test_weight_bytes_of_an_int8_checkpoint(tiny_draft: Path, tmp_path: Path) -> None:

@@ -69,6 +69,7 @@ from trtspec.errors import TrtspecError
 from trtspec.runtime.compat import CompatReport, check_compatible, target_facts
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.loader import (
+    argmax_head_bytes,
     checkpoint_precision,
     kv_cache_dtype,
     read_config,
@@ -797,7 +798,8 @@ def _torch_footprint(side: _Side, kind: str) -> ModelFootprint:
     packed = weights_packed(side.cfg, side.precision, device)
     return ModelFootprint(
         role=side.role,
-        weight_bytes=runtime_weight_bytes(side.src, side.cfg, side.precision, packed=packed),
+        weight_bytes=runtime_weight_bytes(side.src, side.cfg, side.precision, packed=packed)
+        + argmax_head_bytes(side.cfg, side.precision, device),
         kv_bytes_per_token=kv_bytes_per_token(side.cfg, kv_dtype.itemsize),
         overhead_bytes=DEFAULT_OVERHEAD_BYTES[kind],
     )

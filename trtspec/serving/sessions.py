@@ -20,7 +20,7 @@ import torch
 
 from trtspec.errors import InvalidRequestError
 from trtspec.decoding.drafting import propose_locally
-from trtspec.decoding.protocols import LanguageModel, LMSession
+from trtspec.decoding.protocols import ArgmaxForward, LanguageModel, LMSession
 from trtspec.decoding.types import Proposal, SamplingParams
 
 
@@ -62,23 +62,33 @@ class SessionStore:
         e = self._entries.get(session_id)
         return len(e.tokens) if e is not None else 0
 
-    def run(self, session_id: str, token_ids: Sequence[int] | np.ndarray, num_logits: int) -> torch.Tensor:
-        """Make ``session_id`` hold exactly ``token_ids``; float32 logits ``[num_logits, vocab]`` of its last positions."""
+    def run(
+        self, session_id: str, token_ids: Sequence[int] | np.ndarray, num_logits: int, argmax: bool = False
+    ) -> torch.Tensor:
+        """Make ``session_id`` hold exactly ``token_ids``; float32 logits ``[num_logits, vocab]`` of its last
+        positions, or with ``argmax`` their argmax ids ``[num_logits]`` (int64; through the session's
+        ``forward_argmax`` where it has one)."""
         ids = self._check(token_ids, num_logits, extra=0)
         n = len(ids)
         entry, keep = self._sync(session_id, ids, n - num_logits)  # wanted positions must be fed
         try:
-            if keep < n:
-                logits = entry.session.forward(ids[keep:].tolist(), num_logits)  # [num_logits, vocab]
-            else:
-                logits = torch.zeros((0, self.lm.vocab_size), dtype=torch.float32)
+            out = self._feed(entry.session, ids[keep:].tolist(), num_logits, argmax)
         except Exception:
             # The cache's state is unknown now: drop it; the next call re-prefills.
             self._drop(session_id)
             raise
         entry.tokens = ids.copy()
         self.stats.tokens_fed += n - keep
-        return logits
+        return out
+
+    def _feed(self, session: LMSession, fresh: list[int], num_logits: int, argmax: bool) -> torch.Tensor:
+        if not fresh:
+            return torch.zeros((0,), dtype=torch.int64) if argmax else torch.zeros((0, self.lm.vocab_size))
+        if not argmax:
+            return session.forward(fresh, num_logits)  # [num_logits, vocab]
+        if isinstance(session, ArgmaxForward):
+            return torch.tensor(session.forward_argmax(fresh, num_logits), dtype=torch.int64)
+        return session.forward(fresh, num_logits).argmax(dim=-1)
 
     def propose(
         self,

@@ -11,9 +11,11 @@ single request, the common case in-process, never copies.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
+from trtspec.runtime.torch import argmax
 from trtspec.runtime.torch.llama import (
     EAGER,
     PAD_POSITIONS,
@@ -47,6 +49,20 @@ class LeanSession:
         return self._cache
 
     def forward(self, token_ids: Sequence[int], num_logits: int) -> torch.Tensor:
+        rows = self._run(token_ids, num_logits, greedy=False)
+        if not rows:
+            return torch.empty((0, self._model.vocab_size), dtype=torch.float32)
+        return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+    def forward_argmax(self, token_ids: Sequence[int], num_logits: int) -> list[int]:
+        """``forward(...).argmax(-1)``; through the model's :class:`~trtspec.runtime.torch.argmax.ArgmaxHead`
+        where it has one (the greedy token without the whole float32 LM head)."""
+        if self._model.argmax_head is None:
+            return self.forward(token_ids, num_logits).argmax(dim=-1).tolist()
+        return [int(t) for rows in self._run(token_ids, num_logits, greedy=True) for t in rows]
+
+    def _run(self, token_ids: Sequence[int], num_logits: int, greedy: bool) -> list[torch.Tensor]:
+        """Append ``token_ids``; the last ``num_logits`` rows' logits (``greedy``: argmax ids), pass by pass."""
         cache = self._live()
         n = len(token_ids)
         if n == 0:
@@ -61,13 +77,11 @@ class LeanSession:
             done = 0
             for size in model.plan.chunks(n):
                 first = max(0, n - num_logits - done)  # first row of this chunk whose logits are wanted
-                logits = model.run_pass(cache, token_ids[done : done + size], first if first < size else None)
-                if logits is not None:
-                    rows.append(logits)
+                out = model.run_pass(cache, token_ids[done : done + size], first if first < size else None, greedy)
+                if out is not None:
+                    rows.append(out)
                 done += size
-        if not rows:
-            return torch.empty((0, model.vocab_size), dtype=torch.float32)
-        return torch.cat(rows) if len(rows) > 1 else rows[0]
+        return rows
 
     def truncate(self, length: int) -> None:
         cache = self._live()
@@ -128,6 +142,9 @@ class LeanLlamaLM:
         self._static: KVCache | None = None
         self.graphs: GraphCache | None = None
         self._ops = ops or (LayerOps.compiled() if graphs and capture is None else EAGER)
+        self.argmax_head = (argmax.ArgmaxHead(weights.embed)  # greedy passes' argmax (CPU, float32)
+                            if argmax.applies(weights.dtype, weights.device.type, weights.tied) else None)
+        self._greedy_ops = replace(EAGER, head=self.argmax_head.head_fn) if self.argmax_head else EAGER
         if graphs:
             assert self.plan.static, "graphs need static shapes (exact mode or rows buckets)"
             self._static = self.new_cache(self.cache_limit)
@@ -158,7 +175,7 @@ class LeanLlamaLM:
         return KVCache(self.cfg, kv_dtype(w.dtype, w.device.type), w.device, capacity)
 
     def weight_bytes(self) -> int:
-        return self.weights.nbytes()
+        return self.weights.nbytes() + (self.argmax_head.nbytes() if self.argmax_head else 0)
 
     def capture_common(self) -> None:
         """Capture the shapes every request meets: decode and verify rows over the smallest window."""
@@ -170,27 +187,33 @@ class LeanLlamaLM:
 
     # -- passes -------------------------------------------------------------
 
-    def run_pass(self, cache: KVCache, token_ids: Sequence[int], first: int | None) -> torch.Tensor | None:
-        """Append ``token_ids`` (one pass) to ``cache``; logits of rows ``first:`` (``None``: none wanted)."""
+    def run_pass(
+        self, cache: KVCache, token_ids: Sequence[int], first: int | None, greedy: bool = False
+    ) -> torch.Tensor | None:
+        """Append ``token_ids`` (one pass) to ``cache``; logits of rows ``first:`` (``None``: none wanted),
+        or with ``greedy`` their argmax ids through :attr:`argmax_head` (which the model must have)."""
         w, n, start = self.weights, len(token_ids), cache.length
+        ops = self._greedy_ops if greedy else EAGER
+        assert not greedy or self.argmax_head is not None
         rows = self.plan.rows(n)
         if rows is None:  # unpadded: exactly the cached keys, no mask for a single row
             cache.reserve(start + n, self.cache_limit)
             pos = torch.arange(start, start + n, device=w.device)
             ids = torch.as_tensor(list(token_ids), dtype=torch.int64, device=w.device)
             mask = causal_mask(pos, start + n) if n > 1 else None
-            out = forward(w, cache, ids, pos, start + n, mask, first, EAGER)
+            out = forward(w, cache, ids, pos, start + n, mask, first, ops)
         else:
             window = self.plan.window(start + rows, self.cache_limit)
             cache.reserve(window, self.cache_limit)
             pos = torch.arange(start, start + rows, device=w.device)
             ids = torch.as_tensor(list(token_ids) + [0] * (rows - n), dtype=torch.int64, device=w.device)
             if self.graphs is not None:
-                assert cache is self._static
+                assert cache is self._static and not greedy
                 all_rows = self.graphs.run(ids, pos, window)
                 out = all_rows[first:n] if first is not None else None
             else:
-                all_rows = forward(w, cache, ids, pos, window, causal_mask(pos, window), 0 if first is not None else None)
+                all_rows = forward(w, cache, ids, pos, window, causal_mask(pos, window), 0 if first is not None else None,
+                                   ops)
                 out = all_rows[first:n] if all_rows is not None else None
         cache.length = start + n
         return out

@@ -300,7 +300,8 @@ class LlamaWeights:
                 )
             )
         self.norm = vec("model.norm.weight")
-        if cfg.tie_word_embeddings or "lm_head.weight" not in tensors:
+        self.tied = cfg.tie_word_embeddings or "lm_head.weight" not in tensors  # the LM head is the embedding
+        if self.tied:
             self.lm_head = packed(self.embed)
         else:
             self.lm_head = mat("lm_head.weight")  # [vocab, hidden]
@@ -472,8 +473,9 @@ def forward(
 
     ``mask [R, window]`` (:func:`causal_mask`) hides keys after each row's own
     position (``None``: every key visible, a single row at the cache's end).
-    Returns float32 logits ``[R - first_logit, vocab]`` of rows
-    ``first_logit:``, or ``None`` when ``first_logit`` is ``None``. A row's
+    Returns what ``ops.head`` makes of rows ``first_logit:`` (float32 logits
+    ``[R - first_logit, vocab]``; argmax ids with an :class:`~trtspec.runtime.torch.argmax.ArgmaxHead`'s),
+    or ``None`` when ``first_logit`` is ``None``. A row's
     result depends only on its token, its position and the cached keys it sees,
     not on the other rows; with ``R`` and ``window`` fixed the arithmetic is
     fixed too (what exact mode relies on). Does not move ``cache.length``.

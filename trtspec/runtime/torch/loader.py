@@ -28,6 +28,7 @@ import torch
 from trtspec.errors import CheckpointError
 from trtspec.paths import cache_dir
 from trtspec.runtime.tokenizer import Tokenizer
+from trtspec.runtime.torch import argmax
 from trtspec.runtime.torch.hf import HFCausalLM
 from trtspec.runtime.torch.lean import LeanLlamaLM
 from trtspec.runtime.torch.llama import (
@@ -188,6 +189,15 @@ def weights_packed(cfg: dict, precision: str, device: str) -> bool:
     head is held twice, the embedding plain for the lookup and the head packed
     (:func:`~trtspec.runtime.torch.llama.packs`; int8 matrices never are)."""
     return lean_runs(cfg) and precision != "int8" and packs(compute_dtype(precision), torch.device(device).type)
+
+
+def argmax_head_bytes(cfg: dict, precision: str, device: str) -> int:
+    """Bytes :func:`load_model`'s :class:`~trtspec.runtime.torch.argmax.ArgmaxHead` holds beside the
+    weights (``precision`` resolved; 0 where the model has none)."""
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    if not (lean_runs(cfg) and argmax.applies(compute_dtype(precision), torch.device(device).type, tied)):
+        return 0
+    return argmax.extra_bytes(int(cfg["vocab_size"]), int(cfg["hidden_size"]))
 
 
 def kv_cache_dtype(cfg: dict, precision: str, device: str) -> torch.dtype:

@@ -201,10 +201,11 @@ class TritonPythonModel:
         num_logits = _scalar(pb, request, "num_logits")
         if isinstance(num_logits, (bool, np.bool_)) or not isinstance(num_logits, (int, np.integer)):
             raise InvalidRequestError(f"num_logits must be an integer, got {num_logits!r}")
-        logits = self.store.run(session_id, ids.reshape(-1), int(num_logits))
         if bool(_scalar(pb, request, "return_argmax", required=False) or False):
+            argmax_ids = self.store.run(session_id, ids.reshape(-1), int(num_logits), argmax=True)
             empty = np.zeros((0, vocab), np.float32)
-            return self._respond(empty, np.zeros(0, np.int64), empty, logits.argmax(dim=-1).cpu().numpy())
+            return self._respond(empty, np.zeros(0, np.int64), empty, argmax_ids.cpu().numpy())
+        logits = self.store.run(session_id, ids.reshape(-1), int(num_logits))
         return self._logits(logits.float().cpu().numpy())
 
     def _share_cpu(self, share: Any) -> None:
@@ -265,11 +266,11 @@ class TritonPythonModel:
         self.store.run(sid, seq, 1)  # prefill
         for step in range(min(3, lm.max_context - n - 6)):  # decode steps
             seq.append((step * 11 + 5) % lm.vocab_size)
-            self.store.run(sid, seq, 1)
+            self.store.run(sid, seq, 1, argmax=True)  # greedy decoding asks for argmax ids
         verify = [(i * 13 + 1) % lm.vocab_size for i in range(min(5, lm.max_context - len(seq)))]
         if verify:
-            self.store.run(sid, seq + verify, len(verify))  # verify k tokens in one pass
-            self.store.run(sid, seq + verify[:1], 1)  # rollback + bonus
+            self.store.run(sid, seq + verify, len(verify), argmax=True)  # verify k tokens in one pass
+            self.store.run(sid, seq + verify[:1], 1)  # rollback + bonus (logits: sampling)
         self.store.release(sid)
         self.store.stats = type(self.store.stats)()  # warm-up does not count
         return time.perf_counter() - t0
