@@ -66,6 +66,22 @@ def test_num_logits_zero_on_an_unchanged_sequence_runs_nothing(lm):
     assert out.shape == (0, lm.vocab_size) and store.stats.tokens_fed == fed
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_argmax_calls_answer_the_logits_argmax(tiny_target, tied_target, tied):
+    """``return_argmax``'s path: the session's ``forward_argmax`` (an ``ArgmaxHead`` where the tied
+    float32 target on this CPU has one), the same ids as the logits' argmax, and nothing on an
+    unchanged sequence."""
+    from trtspec.runtime.torch.loader import load_model
+
+    model = load_model(tied_target if tied else tiny_target).lm
+    store = SessionStore(model, max_sessions=4)
+    ids = seq(12)
+    for end, num_logits in ((8, 1), (9, 1), (12, 3), (10, 2)):  # prefill, decode, verify, rollback
+        got = store.run("a", ids[:end], num_logits, argmax=True)
+        assert got.dtype == torch.int64 and got.tolist() == fresh(model, ids[:end], num_logits).argmax(-1).tolist()
+    assert store.run("a", ids[:10], 0, argmax=True).shape == (0,)
+
+
 def test_lru_eviction_then_a_miss_re_prefills_to_the_same_logits(lm):
     store = SessionStore(lm, max_sessions=2)
     store.run("a", seq(6, 1), 1)
@@ -162,6 +178,24 @@ def test_propose_equals_local_drafting_and_leaves_the_cache_holding_k_minus_1_dr
         torch.testing.assert_close(
             store.run("d", held + [proposal.tokens[3]], 1), fresh(lm, held + [proposal.tokens[3]], 1), atol=ATOL, rtol=0
         )
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_greedy_local_drafting_by_argmax_ids_drafts_the_logits_argmax(tiny_target, tied_target, tied):
+    """Greedy drafting asks the session for argmax ids (``forward_argmax``; an ``ArgmaxHead`` where the
+    tied float32 model on this CPU has one): the drafts of the logits' argmax, the same cache after."""
+    from trtspec.runtime.torch.loader import load_model
+
+    model = load_model(tied_target if tied else tiny_target).lm
+    by_ids, by_logits = model.new_session(), model.new_session()
+    want, prefix = [], seq(10)
+    logits = by_logits.forward(prefix, 1)
+    for i in range(5):
+        want.append(int(logits[0].argmax()))
+        if i < 4:
+            logits = by_logits.forward(want[-1:], 1)
+    assert propose_locally(by_ids, prefix, 5, SamplingParams(), None).tokens == tuple(want)
+    assert by_ids.num_cached == by_logits.num_cached == 10 + 4
 
 
 def test_propose_rejects_bad_arguments(lm):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from trtspec.decoding.acceptance import draw_at, sample, warp_probs
-from trtspec.decoding.protocols import DraftProposer, LanguageModel, LMSession
+from trtspec.decoding.protocols import ArgmaxForward, DraftProposer, LanguageModel, LMSession
 from trtspec.decoding.types import Proposal, SamplingParams
 
 
@@ -37,7 +37,8 @@ def propose_locally(
 ) -> Proposal:
     """Append ``token_ids`` to ``session``, then draft ``x_1..x_k`` one forward at a time.
 
-    Greedy: ``x_i`` is the draft's argmax. Sampling: ``x_i ~ q_i``, the draft's
+    Greedy: ``x_i`` is the draft's argmax (``forward_argmax`` where the session answers
+    it: only ids travel, and a float32 lean model's ``ArgmaxHead`` skips most of its LM head). Sampling: ``x_i ~ q_i``, the draft's
     logits warped like the target's (temperature, top-k, top-p); in exact mode
     with a seed, drawn with the noise the target's draw at that position uses
     (:func:`~trtspec.decoding.acceptance.draw_at`), so the two mostly agree
@@ -45,6 +46,11 @@ def propose_locally(
     fed: the session ends holding ``token_ids`` plus ``x_1..x_{k-1}``.
     """
     assert k >= 1 and len(token_ids) >= 1
+    if sampling.greedy and isinstance(session, ArgmaxForward):  # ids only (an ArgmaxHead answers them faster)
+        tokens = session.forward_argmax(token_ids, 1)
+        while len(tokens) < k:
+            tokens += session.forward_argmax(tokens[-1:], 1)
+        return Proposal(tokens=tuple(tokens), q=None)
     logits = session.forward(token_ids, 1)  # [1, vocab]
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
