@@ -41,7 +41,7 @@ def test_every_estimate_lies_within_its_bound() -> None:
     h = _rows(64)
     hb = h.to(torch.bfloat16)
     estimate = _linear(hb, ah.approx).float()
-    bound = ah.m * ah._radius(h, hb.float()) + estimate.abs() * 2.0**-8
+    bound = ah.m * ah._radius(h, hb.float())[:, None] + estimate.abs() * 2.0**-8
     err = (estimate - _exact(ah.head, h)).abs()
     assert bool((err <= bound).all()), f"worst error / bound {(err / bound).max().item():.3f}"
     assert (err / bound).max().item() > 1e-3  # the bound is not vacuous: errors reach a share of it

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.runtime.torch.llama import _linear, _rms_norm, pack_cpu, packs
+from trtspec.runtime.torch.llama import _linear, _nbytes, _rms_norm, pack_cpu, packs
 
 _OUTPUT_ROUNDING = 2.0**-8  # relative: the bfloat16 output of the estimate, with room
 
@@ -61,10 +61,12 @@ class ArgmaxHead:
         approx = head.to(torch.bfloat16)
         self.approx = pack_cpu(approx) if packs(torch.bfloat16, "cpu") else approx  # [vocab, hidden] bfloat16
         self.m = head.abs().amax(dim=1) * (1.0 + 2.0**-8)  # [vocab]
+        self.m_max = float(self.m.max())
         self._g = 2.0 * (head.shape[1] + 16) * 2.0**-24
 
     def nbytes(self) -> int:
-        return extra_bytes(*self.head.shape)
+        """Bytes held beyond the head itself (:func:`extra_bytes` plans them)."""
+        return _nbytes(self.approx) + _nbytes(self.m)
 
     def head_fn(self, x: torch.Tensor, norm: torch.Tensor, _lm_head: object, eps: float) -> torch.Tensor:
         """``LayerOps.head`` answering argmax ids ``[R]`` instead of logits ``[R, vocab]``."""
@@ -74,21 +76,34 @@ class ArgmaxHead:
         """``[R] int64``: the argmax of each row of ``h @ head.T`` for ``h [R, hidden]`` float32."""
         assert h.dim() == 2 and h.dtype == torch.float32, (h.shape, h.dtype)
         hb = h.to(torch.bfloat16)
-        estimate = _linear(hb, self.approx).float()  # [R, vocab]
-        bound = torch.addcmul(estimate.abs().mul_(_OUTPUT_ROUNDING), self.m, self._radius(h, hb.float()))
-        floor = (estimate - bound).amax(dim=-1, keepdim=True)  # [R, 1]: the largest exact logit is at least this
-        rows, ids = (estimate.add_(bound) >= floor).nonzero(as_tuple=True)  # the shortlist, row by row, ids ascending
-        exact = (self.head[ids] * h[rows]).sum(dim=-1)  # [shortlist]; a token's value does not depend on the others
-        return _first_max(rows, ids, exact, h.shape[0], self.head.shape[0])
+        estimate = _linear(hb, self.approx)  # [R, vocab] bfloat16
+        radius = self._radius(h, hb.float())  # [R]
+        rows, ids = self._near_top(estimate, radius)
+        e = estimate[rows, ids].float()
+        bound = self.m[ids] * radius[rows] + e.abs() * _OUTPUT_ROUNDING
+        floor = _per_row(rows, e - bound, h.shape[0], "amax")  # the largest exact logit is at least this
+        keep = e + bound >= floor[rows]  # the shortlist: tokens that may hold the largest exact logit
+        rows, ids = rows[keep], ids[keep]
+        exact = (self.head[ids] * h[rows]).sum(dim=-1)  # a token's value does not depend on the shortlist
+        best = _per_row(rows, exact, h.shape[0], "amax")
+        return _per_row(rows, torch.where(exact == best[rows], ids, self.head.shape[0]), h.shape[0], "amin")
+
+    def _near_top(self, estimate: torch.Tensor, radius: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, ids)`` of every token whose bound may reach the row's best lower bound: within the top
+        estimate's bound plus the largest bound any token of the row can have (four passes over the
+        bfloat16 estimates; the exact bounds then only for these)."""
+        top, top_id = estimate.max(dim=-1)
+        top, low = top.float(), estimate.amin(dim=-1).float()
+        widest = self.m_max * radius + torch.maximum(top.abs(), low.abs()) * _OUTPUT_ROUNDING
+        below = top - (self.m[top_id] * radius + top.abs() * _OUTPUT_ROUNDING) - widest  # [R]
+        return (estimate >= below[:, None]).nonzero(as_tuple=True)  # row by row, ids ascending
 
     def _radius(self, h: torch.Tensor, hb: torch.Tensor) -> torch.Tensor:
-        """``[R, 1]``: the bound's factor of ``m_j`` for each row."""
-        l1, l1b = h.abs().sum(dim=-1, keepdim=True), hb.abs().sum(dim=-1, keepdim=True)
-        return (hb - h).abs().sum(dim=-1, keepdim=True) + 2.0**-9 * l1 + self._g * (l1 + l1b)
+        """``[R]``: the bound's factor of ``m_j`` for each row."""
+        l1, l1b = h.abs().sum(dim=-1), hb.abs().sum(dim=-1)
+        return (hb - h).abs().sum(dim=-1) + 2.0**-9 * l1 + self._g * (l1 + l1b)
 
 
-def _first_max(rows: torch.Tensor, ids: torch.Tensor, values: torch.Tensor, num_rows: int, vocab: int) -> torch.Tensor:
-    """``[num_rows]``: per row, the lowest id among its entries of largest value (as ``argmax`` over all)."""
-    best = values.new_full((num_rows,), float("-inf")).scatter_reduce(0, rows, values, "amax")
-    tops = torch.where(values == best[rows], ids, vocab)
-    return ids.new_full((num_rows,), vocab).scatter_reduce(0, rows, tops, "amin")
+def _per_row(rows: torch.Tensor, values: torch.Tensor, num_rows: int, reduce: str) -> torch.Tensor:
+    """``[num_rows]``: ``reduce`` (``amax`` | ``amin``) of ``values`` by their ``rows`` (every row has some)."""
+    return values.new_empty((num_rows,)).scatter_reduce(0, rows, values, reduce, include_self=False)
