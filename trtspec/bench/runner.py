@@ -27,7 +27,15 @@ from trtspec.bench import memory as mem
 from trtspec.bench.records import CANCELLED, OTHER, RequestRecord
 from trtspec.bench.stats import summarize
 from trtspec.bench.transport import GrpcTransport, HttpTransport, OpenAITransport, Transport
-from trtspec.bench.workload import ArmSplit, OutputLength, Prompt, Workload, WorkloadError, poisson_arrivals
+from trtspec.bench.workload import (
+    ArmSplit,
+    OutputLength,
+    Prompt,
+    RequestSpec,
+    Workload,
+    WorkloadError,
+    poisson_arrivals,
+)
 from trtspec.errors import one_line
 from trtspec.wire import DRAFTERS
 
@@ -188,132 +196,43 @@ async def _run(cfg: BenchConfig, progress: ProgressFn | None) -> BenchResult:
 async def _measure(cfg: BenchConfig, transport: Transport, progress: ProgressFn | None,
                    probe_rps: float | None) -> BenchResult:
     loop = asyncio.get_running_loop()
-    workload = Workload(cfg.prompts, cfg.output, cfg.workload_split, seed=cfg.seed, drafter=cfg.drafter)
-    specs = workload.requests()
-    records: list[RequestRecord] = []
-    tasks: set[asyncio.Task] = set()
-    arrivals = (
-        poisson_arrivals(cfg.rate, duration_s=cfg.duration_s, count=cfg.requests, seed=cfg.seed)
-        if cfg.rate is not None
-        else None
-    )
-    state = Progress(planned=len(arrivals) if arrivals is not None else cfg.requests, duration_s=cfg.duration_s)
     started_at = datetime.now(timezone.utc).isoformat()
     before = await loop.run_in_executor(None, mem.try_scrape, cfg.metrics_url)
+    run = _Run(cfg, transport)
     cpu0 = time.process_time()
-    t0 = time.perf_counter()
-
-    def clock() -> float:
-        return time.perf_counter() - t0
-
-    samples: list[mem.MemorySample] = []
-
-    async def sampler() -> None:
-        while True:
-            t = clock()
-            metrics = await loop.run_in_executor(None, mem.try_scrape, cfg.metrics_url)
-            samples.append(await loop.run_in_executor(None, mem.sample, t, metrics, cfg.server_pid))
-            await asyncio.sleep(max(0.0, cfg.memory_interval_s - (clock() - t)))
-
-    async def one(rec: RequestRecord, spec) -> None:
-        try:
-            await transport.send(spec, rec, clock, cfg.timeout_s)
-        except asyncio.CancelledError:
-            rec.done_s = clock()
-            if rec.sent_s is None:
-                rec.sent_s = rec.done_s
-            rec.error, rec.error_category = "interrupted: the run was stopped", CANCELLED
-            raise
-        except Exception as e:  # a client-side failure is that request's error, not the run's
-            rec.done_s = clock()
-            if rec.sent_s is None:
-                rec.sent_s = rec.done_s
-            rec.error, rec.error_category = one_line(f"client error: {type(e).__name__}: {e}"), OTHER
-        finally:
-            if rec.error is None and rec.done_s is not None:
-                state.answered += 1
-            else:
-                state.errors += 1
-
-    def launch(arrival: float) -> None:
-        spec = next(specs)
-        rec = RequestRecord(spec.index, spec.arm, spec.max_tokens, arrival)
-        records.append(rec)
-        state.sent += 1
-        task = asyncio.ensure_future(one(rec, spec))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    async def ticker() -> None:
-        while True:
-            state.elapsed_s = clock()
-            if progress is not None:
-                progress(state)
-            await asyncio.sleep(0.25)
-
-    async def open_loop() -> None:
-        assert arrivals is not None
-        for at in arrivals:
-            delay = at - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            launch(at)
-        while tasks:
-            await asyncio.gather(*list(tasks), return_exceptions=True)
-
-    async def closed_loop() -> None:
-        assert cfg.concurrency is not None
-        taken = itertools.count()
-        end = cfg.duration_s
-
-        async def worker() -> None:
-            while True:
-                if end is not None and clock() >= end:
-                    return
-                if cfg.requests is not None and next(taken) >= cfg.requests:
-                    return
-                spec = next(specs)
-                rec = RequestRecord(spec.index, spec.arm, spec.max_tokens, clock())
-                records.append(rec)
-                state.sent += 1
-                await one(rec, spec)
-
-        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
-
-    background = [asyncio.ensure_future(ticker())]
-    if cfg.metrics_url or cfg.server_pid:
-        background.append(asyncio.ensure_future(sampler()))
-    interrupted = False
-    try:
-        await (open_loop() if arrivals is not None else closed_loop())
-    except asyncio.CancelledError:
-        interrupted = True
-        for t in list(tasks):
-            t.cancel()
-        await asyncio.gather(*list(tasks), return_exceptions=True)
-    finally:
-        for b in background:
-            b.cancel()
-        await asyncio.gather(*background, return_exceptions=True)
-    state.elapsed_s = clock()
+    interrupted = await run.drive(progress)
     cpu_s = time.process_time() - cpu0
     if progress is not None:
-        progress(state)
-    answered = sum(r.answered for r in records)
+        progress(run.state)
+    answered = sum(r.answered for r in run.records)
     after = await loop.run_in_executor(None, mem.scrape_settled, cfg.metrics_url, before, answered)
     if cfg.metrics_url or cfg.server_pid:
-        samples.append(await loop.run_in_executor(None, mem.sample, clock(), after, cfg.server_pid))
+        run.samples.append(await loop.run_in_executor(None, mem.sample, run.clock(), after, cfg.server_pid))
     deltas = mem.counter_deltas(before, after) if before is not None and after is not None else {}
-    records.sort(key=lambda r: r.index)
-    summary = summarize(records, arms=cfg.workload_split.arms, slo_ttft_ms=cfg.slo_ttft_ms,
+    run.records.sort(key=lambda r: r.index)
+    summary = summarize(run.records, arms=cfg.workload_split.arms, slo_ttft_ms=cfg.slo_ttft_ms,
                         slo_itl_ms=cfg.slo_itl_ms, server_deltas=deltas)
-    lag = summary["overall"]["lag_ms"]
-    client = {
+    return BenchResult(
+        config=cfg.describe(),
+        started_at=started_at,
+        records=run.records,
+        summary=summary,
+        client=_client_figures(cfg, summary, cpu_s, run.state, probe_rps),
+        memory=run.samples,
+        memory_summary=mem.summarize_memory(run.samples),
+        server_counters={"scraped": before is not None and after is not None, "deltas": deltas},
+        interrupted=interrupted,
+    )
+
+
+def _client_figures(cfg: BenchConfig, summary: dict, cpu_s: float, state: Progress, probe_rps: float | None) -> dict:
+    sent, lag = state.sent, summary["overall"]["lag_ms"]
+    return {
         "max_send_rate_rps": probe_rps,
         # the client's own CPU over the run (all its threads): per request, and in cores. A high lag with
         # a CPU share far below 1 means the client was starved by other processes (a co-located server).
         "cpu_s": cpu_s,
-        "cpu_ms_per_request": 1000 * cpu_s / len(records) if records else None,
+        "cpu_ms_per_request": 1000 * cpu_s / sent if sent else None,
         "cpu_cores": cpu_s / state.elapsed_s if state.elapsed_s > 0 else None,
         "achieved_send_rate_rps": summary["achieved_send_rate_rps"],
         "lag_ms_p99": lag.get("p99"),
@@ -323,17 +242,118 @@ async def _measure(cfg: BenchConfig, transport: Transport, progress: ProgressFn 
             or (lag.get("p99") is not None and lag["p99"] > 100.0)
         ),
     }
-    return BenchResult(
-        config=cfg.describe(),
-        started_at=started_at,
-        records=records,
-        summary=summary,
-        client=client,
-        memory=samples,
-        memory_summary=mem.summarize_memory(samples),
-        server_counters={"scraped": before is not None and after is not None, "deltas": deltas},
-        interrupted=interrupted,
-    )
+
+
+class _Run:
+    """One run's requests: sent on arrivals (open loop) or by workers (closed loop), each ending with
+    its record, beside a progress ticker and the server's memory sampler."""
+
+    def __init__(self, cfg: BenchConfig, transport: Transport) -> None:
+        self.cfg, self.transport = cfg, transport
+        self.specs = Workload(cfg.prompts, cfg.output, cfg.workload_split, seed=cfg.seed, drafter=cfg.drafter).requests()
+        self.arrivals = (
+            poisson_arrivals(cfg.rate, duration_s=cfg.duration_s, count=cfg.requests, seed=cfg.seed)
+            if cfg.rate is not None
+            else None
+        )
+        planned = len(self.arrivals) if self.arrivals is not None else cfg.requests
+        self.state = Progress(planned=planned, duration_s=cfg.duration_s)
+        self.records: list[RequestRecord] = []
+        self.samples: list[mem.MemorySample] = []
+        self.tasks: set[asyncio.Task] = set()
+        self._t0 = time.perf_counter()
+
+    def clock(self) -> float:
+        return time.perf_counter() - self._t0
+
+    async def drive(self, progress: ProgressFn | None) -> bool:
+        """Send every request and wait for them; True when the run was interrupted (cancelled)."""
+        self._t0 = time.perf_counter()
+        background = [asyncio.ensure_future(self._ticker(progress))]
+        if self.cfg.metrics_url or self.cfg.server_pid:
+            background.append(asyncio.ensure_future(self._sampler()))
+        try:
+            await (self._open_loop() if self.arrivals is not None else self._closed_loop())
+            return False
+        except asyncio.CancelledError:
+            for t in list(self.tasks):
+                t.cancel()
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+            return True
+        finally:
+            for b in background:
+                b.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self.state.elapsed_s = self.clock()
+
+    def _record(self, arrival: float) -> tuple[RequestRecord, RequestSpec]:
+        """The next request's spec and its record, counted as sent."""
+        spec = next(self.specs)
+        rec = RequestRecord(spec.index, spec.arm, spec.max_tokens, arrival)
+        self.records.append(rec)
+        self.state.sent += 1
+        return rec, spec
+
+    async def _one(self, rec: RequestRecord, spec: RequestSpec) -> None:
+        try:
+            await self.transport.send(spec, rec, self.clock, self.cfg.timeout_s)
+        except asyncio.CancelledError:
+            self._failed(rec, "interrupted: the run was stopped", CANCELLED)
+            raise
+        except Exception as e:  # a client-side failure is that request's error, not the run's
+            self._failed(rec, one_line(f"client error: {type(e).__name__}: {e}"), OTHER)
+        finally:
+            if rec.error is None and rec.done_s is not None:
+                self.state.answered += 1
+            else:
+                self.state.errors += 1
+
+    def _failed(self, rec: RequestRecord, error: str, category: str) -> None:
+        rec.done_s = self.clock()
+        if rec.sent_s is None:
+            rec.sent_s = rec.done_s
+        rec.error, rec.error_category = error, category
+
+    async def _open_loop(self) -> None:
+        assert self.arrivals is not None
+        for at in self.arrivals:
+            delay = at - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.ensure_future(self._one(*self._record(at)))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        while self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def _closed_loop(self) -> None:
+        assert self.cfg.concurrency is not None
+        taken = itertools.count()
+        end, requests = self.cfg.duration_s, self.cfg.requests
+
+        async def worker() -> None:
+            while not (end is not None and self.clock() >= end) and not (
+                requests is not None and next(taken) >= requests
+            ):
+                await self._one(*self._record(self.clock()))
+
+        await asyncio.gather(*(worker() for _ in range(self.cfg.concurrency)))
+
+    async def _ticker(self, progress: ProgressFn | None) -> None:
+        while True:
+            self.state.elapsed_s = self.clock()
+            if progress is not None:
+                progress(self.state)
+            await asyncio.sleep(0.25)
+
+    async def _sampler(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = self.clock()
+            metrics = await loop.run_in_executor(None, mem.try_scrape, self.cfg.metrics_url)
+            self.samples.append(await loop.run_in_executor(None, mem.sample, t, metrics, self.cfg.server_pid))
+            await asyncio.sleep(max(0.0, self.cfg.memory_interval_s - (self.clock() - t)))
+
 
 
 def result_from_dict(d: dict) -> BenchResult:
