@@ -72,6 +72,37 @@ def parse_request(
     """Read and check every input of the client interface (see ``wire.SPEC_DECODE_INPUTS``).
 
     ``default_exact``: the sampling rule of a request that does not send ``exact`` (the policy's ``exact``)."""
+    text = _text_input(get, max_text_bytes)
+    max_tokens = _max_tokens(get, max_tokens_limit)
+    stream = _bool(get, "stream")
+    sampling = _sampling(get, default_exact)
+    stop_words = _stop_words(get)
+    priority = _choice(get, "priority", Priority, Priority.NORMAL)
+    speculation = _choice(get, "speculation", Speculation, Speculation.AUTO)
+    refuse_unsupported(get)
+    speculation, max_draft = _draft_tokens(get, speculation)
+    end_id = _int(get, "end_id")
+    if end_id is not None and end_id < -1:
+        raise InvalidRequestError(f"end_id must be a token id, or -1 for none; got {_short(end_id)}")
+    drafter = _choice(get, "drafter", DrafterKind, None)  # None: the model's default_drafter
+    return ServeRequest(
+        text=text,
+        max_tokens=max_tokens,
+        stream=bool(stream),
+        sampling=sampling,
+        stop_words=stop_words,
+        priority=priority,
+        speculation=speculation,
+        apply_chat_template=_bool(get, "apply_chat_template"),
+        end_id=end_id,
+        echo_prompt=_bool(get, "exclude_input_in_output") is False and not stream,
+        max_draft_tokens=max_draft or None,
+        request_id=request_id,
+        drafter=drafter,
+    )
+
+
+def _text_input(get: Lookup, max_text_bytes: int | None) -> str:
     text = _text(get, "text_input", required=True)
     assert text is not None
     if not text:
@@ -80,6 +111,10 @@ def parse_request(
         size = len(text.encode("utf-8"))
         if size > max_text_bytes:
             raise InvalidRequestError(f"text_input is {size} bytes; this server takes at most {max_text_bytes}")
+    return text
+
+
+def _max_tokens(get: Lookup, max_tokens_limit: int) -> int:
     max_tokens = _int(get, "max_tokens", required=True)
     assert max_tokens is not None
     if max_tokens <= 0:
@@ -88,7 +123,12 @@ def parse_request(
         raise InvalidRequestError(
             f"max_tokens must be <= {max_tokens_limit} (this server's limit), got {_short(max_tokens)}"
         )
-    stream = _bool(get, "stream")
+    return max_tokens
+
+
+def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
+    """``temperature``, ``top_k``, ``top_p``, ``seed`` (or ``random_seed``) and ``exact``, with
+    TensorRT-LLM's meanings of the edge values."""
     temperature = _float(get, "temperature")
     top_k = _int(get, "top_k")
     top_p = _float(get, "top_p")
@@ -115,6 +155,11 @@ def parse_request(
         exact=default_exact if exact is None else exact,
     )
     sampling.validate()
+    return sampling
+
+
+def _stop_words(get: Lookup) -> tuple[str, ...]:
+    """``stop_words`` (bounded); ``bad_words`` refused unless empty."""
     stop_words = tuple(w for w in _texts(get, "stop_words") if w)
     if len(stop_words) > MAX_STOP_WORDS:
         raise InvalidRequestError(f"at most {MAX_STOP_WORDS} stop_words, got {len(stop_words)}")
@@ -123,9 +168,11 @@ def parse_request(
         raise InvalidRequestError(f"a stop word may hold at most {MAX_STOP_WORD_CHARS} characters, got {len(long_stop)}")
     if any(w for w in _texts(get, "bad_words")):
         raise InvalidRequestError("bad_words is not supported by this server; send it empty or leave it out")
-    priority = _choice(get, "priority", Priority, Priority.NORMAL)
-    speculation = _choice(get, "speculation", Speculation, Speculation.AUTO)
-    refuse_unsupported(get)
+    return stop_words
+
+
+def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, int | None]:
+    """``num_draft_tokens``: the most tokens a draft may hold (0: TensorRT-LLM's no speculation)."""
     max_draft = _int(get, "num_draft_tokens")
     if max_draft is not None and max_draft < 0:
         raise InvalidRequestError(f"num_draft_tokens must be >= 0, got {_short(max_draft)}")
@@ -133,25 +180,7 @@ def parse_request(
         if speculation is Speculation.ON:
             raise InvalidRequestError("num_draft_tokens 0 contradicts speculation 'on'")
         speculation = Speculation.OFF
-    end_id = _int(get, "end_id")
-    if end_id is not None and end_id < -1:
-        raise InvalidRequestError(f"end_id must be a token id, or -1 for none; got {_short(end_id)}")
-    drafter = _choice(get, "drafter", DrafterKind, None)  # None: the model's default_drafter
-    return ServeRequest(
-        text=text,
-        max_tokens=max_tokens,
-        stream=bool(stream),
-        sampling=sampling,
-        stop_words=stop_words,
-        priority=priority,
-        speculation=speculation,
-        apply_chat_template=_bool(get, "apply_chat_template"),
-        end_id=end_id,
-        echo_prompt=_bool(get, "exclude_input_in_output") is False and not stream,
-        max_draft_tokens=max_draft or None,
-        request_id=request_id,
-        drafter=drafter,
-    )
+    return speculation, max_draft
 
 
 # TensorRT-LLM inputs trtspec cannot honour: name -> the values that mean "not used" (any
