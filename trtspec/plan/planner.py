@@ -253,47 +253,14 @@ def make_plan(log: RequestLog, inputs: SpecInputs, cfg: PlanConfig) -> dict:
     stats = log_stats(log)
     recs = log.records
     tokens_per_s = cfg.tokens_per_s or inputs.capacity_tokens_per_s
-    tps_source = "--tokens-per-s" if cfg.tokens_per_s else ("bench (most tokens/s of a run without errors)" if tokens_per_s else None)
     hours_off = (
         model.gpu_hours_per_day(stats["requests_per_day"], stats["mean_output_tokens"], tokens_per_s)
         if tokens_per_s and stats["requests_per_day"] is not None
         else None
     )
-    # The request rate one server sees: given, else the logged rate over the GPUs that carry it.
-    if cfg.rate_per_gpu is not None:
-        rate_per_gpu, rate_source = cfg.rate_per_gpu, "--rate-per-gpu"
-    elif stats["requests_per_s"] is not None:
-        gpus = model.gpus_needed(hours_off) if hours_off is not None else 1
-        rate_per_gpu, rate_source = stats["requests_per_s"] / gpus, f"logged rate / {gpus} GPU(s)"
-    else:
-        rate_per_gpu, rate_source = None, "unknown (one timestamp)"
-    pts = [(p.rate, p.speedup) for p in inputs.points if p.speedup]
-    factor = model.load_factor(pts, rate_per_gpu) if rate_per_gpu is not None else 1.0
-    extrapolated = len(pts) >= 2 and rate_per_gpu is not None and not (min(r for r, _ in pts) <= rate_per_gpu <= max(r for r, _ in pts))
-
-    total_tokens = sum(r.output_tokens for r in recs) or 1
-    buckets = []
-    speedup_of: dict[str, float] = {}
-    for b in BUCKETS:
-        in_b = [r for r in recs if b.holds(r.prompt_tokens)]
-        alpha_b = inputs.alpha_by_bucket.get(b.label, inputs.alpha)
-        unloaded = model.leviathan_speedup(alpha_b, inputs.k, inputs.c)
-        s = unloaded * factor
-        speedup_of[b.label] = s
-        buckets.append({
-            "label": b.label,
-            "lo": b.lo,
-            "hi": None if b.hi == float("inf") else int(b.hi),
-            "requests": len(in_b),
-            "share_requests": len(in_b) / len(recs),
-            "output_tokens": sum(r.output_tokens for r in in_b),
-            "share_output_tokens": sum(r.output_tokens for r in in_b) / total_tokens,
-            "alpha": alpha_b,
-            "alpha_source": "bucket" if b.label in inputs.alpha_by_bucket else "overall",
-            "speedup_unloaded": unloaded,
-            "speedup": s,
-            "pays": s >= 1.0 + cfg.min_gain,
-        })
+    load = _load(stats, inputs, cfg, hours_off)
+    buckets = _buckets(recs, inputs, load["factor"], cfg.min_gain)
+    speedup_of = {b["label"]: b["speedup"] for b in buckets}
     threshold = recommended_threshold([(b["lo"], b["pays"]) for b in buckets])
     rec = recommend(threshold, model.optimal_k(inputs.alpha, inputs.c, 8), inputs.alpha_by_bucket)
 
@@ -305,48 +272,17 @@ def make_plan(log: RequestLog, inputs: SpecInputs, cfg: PlanConfig) -> dict:
         return model.overall_speedup([r.output_tokens for r in recs], sp), share
 
     cur_threshold = cfg.threshold if cfg.threshold is not None else current_threshold(cfg.current_policy)
-    above = [r for r in recs if r.prompt_tokens > cur_threshold]
     overall_current, spec_share_current = mix(cfg.current_policy)
     recommended_policy = next(iter(rec.stages.values()))
-    full_policy = rec.stages.get("full", recommended_policy)
-    overall_recommended, spec_share_recommended = mix(full_policy)
+    overall_recommended, spec_share_recommended = mix(rec.stages.get("full", recommended_policy))
     overall_all = model.overall_speedup([r.output_tokens for r in recs],
                                         [speedup_of[bucket_of(r.prompt_tokens).label] for r in recs])
-    roi = None
-    if hours_off is not None:
-        hours_on = hours_off / overall_recommended
-        roi = {
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_source": tps_source,
-            "gpu_hours_per_day_off": hours_off,
-            "gpu_hours_per_day_on": hours_on,
-            "saved_gpu_hours_per_day": hours_off - hours_on,
-            "gpu_price_per_hour": cfg.gpu_price,
-            "saved_per_day": (hours_off - hours_on) * cfg.gpu_price if cfg.gpu_price is not None else None,
-            "saved_per_year": (hours_off - hours_on) * cfg.gpu_price * 365 if cfg.gpu_price is not None else None,
-        }
-    above_rec = [r for r in recs if threshold is not None and r.prompt_tokens > threshold]
     return {
         "log": stats,
         "inputs": inputs.to_dict(),
-        "load": {
-            "rate_per_gpu": rate_per_gpu,
-            "rate_source": rate_source,
-            "factor": factor,
-            "extrapolated": extrapolated,
-            "break_even_rate": model.break_even_rate(pts),
-        },
+        "load": load,
         "buckets": buckets,
-        "threshold": {
-            "current": cur_threshold,
-            "share_requests_above_current": len(above) / len(recs),
-            "share_output_tokens_above_current": sum(r.output_tokens for r in above) / total_tokens,
-            "recommended": threshold,
-            "share_requests_above_recommended": len(above_rec) / len(recs) if threshold is not None else 0.0,
-            "share_output_tokens_above_recommended": (sum(r.output_tokens for r in above_rec) / total_tokens)
-            if threshold is not None else 0.0,
-            "min_gain": cfg.min_gain,
-        },
+        "threshold": _thresholds(recs, cur_threshold, threshold, cfg.min_gain),
         "speedup": {
             "current_policy": overall_current,
             "current_policy_speculating_share": spec_share_current,
@@ -354,8 +290,89 @@ def make_plan(log: RequestLog, inputs: SpecInputs, cfg: PlanConfig) -> dict:
             "recommended_policy_speculating_share": spec_share_recommended,
             "all_speculate": overall_all,
         },
-        "roi": roi,
+        "roi": _roi(cfg, inputs, hours_off, overall_recommended) if hours_off is not None else None,
         "policy": rec,
+    }
+
+
+def _load(stats: dict, inputs: SpecInputs, cfg: PlanConfig, hours_off: float | None) -> dict:
+    """The request rate one server sees (given, else the logged rate over the GPUs that carry it) and
+    the factor the bench's load curve puts on the unloaded speedup there."""
+    if cfg.rate_per_gpu is not None:
+        rate_per_gpu, rate_source = cfg.rate_per_gpu, "--rate-per-gpu"
+    elif stats["requests_per_s"] is not None:
+        gpus = model.gpus_needed(hours_off) if hours_off is not None else 1
+        rate_per_gpu, rate_source = stats["requests_per_s"] / gpus, f"logged rate / {gpus} GPU(s)"
+    else:
+        rate_per_gpu, rate_source = None, "unknown (one timestamp)"
+    pts = [(p.rate, p.speedup) for p in inputs.points if p.speedup]
+    return {
+        "rate_per_gpu": rate_per_gpu,
+        "rate_source": rate_source,
+        "factor": model.load_factor(pts, rate_per_gpu) if rate_per_gpu is not None else 1.0,
+        "extrapolated": len(pts) >= 2 and rate_per_gpu is not None
+        and not (min(r for r, _ in pts) <= rate_per_gpu <= max(r for r, _ in pts)),
+        "break_even_rate": model.break_even_rate(pts),
+    }
+
+
+def _buckets(recs: list, inputs: SpecInputs, factor: float, min_gain: float) -> list[dict]:
+    """Per prompt-length bucket: its requests and tokens, its acceptance, and the speedup there."""
+    total_tokens = sum(r.output_tokens for r in recs) or 1
+    buckets = []
+    for b in BUCKETS:
+        in_b = [r for r in recs if b.holds(r.prompt_tokens)]
+        alpha_b = inputs.alpha_by_bucket.get(b.label, inputs.alpha)
+        unloaded = model.leviathan_speedup(alpha_b, inputs.k, inputs.c)
+        buckets.append({
+            "label": b.label,
+            "lo": b.lo,
+            "hi": None if b.hi == float("inf") else int(b.hi),
+            "requests": len(in_b),
+            "share_requests": len(in_b) / len(recs),
+            "output_tokens": sum(r.output_tokens for r in in_b),
+            "share_output_tokens": sum(r.output_tokens for r in in_b) / total_tokens,
+            "alpha": alpha_b,
+            "alpha_source": "bucket" if b.label in inputs.alpha_by_bucket else "overall",
+            "speedup_unloaded": unloaded,
+            "speedup": unloaded * factor,
+            "pays": unloaded * factor >= 1.0 + min_gain,
+        })
+    return buckets
+
+
+def _thresholds(recs: list, current: int, recommended: int | None, min_gain: float) -> dict:
+    """The current and the recommended threshold, with the shares of requests and output tokens above each."""
+    total_tokens = sum(r.output_tokens for r in recs) or 1
+    above = [r for r in recs if r.prompt_tokens > current]
+    above_rec = [r for r in recs if recommended is not None and r.prompt_tokens > recommended]
+    return {
+        "current": current,
+        "share_requests_above_current": len(above) / len(recs),
+        "share_output_tokens_above_current": sum(r.output_tokens for r in above) / total_tokens,
+        "recommended": recommended,
+        "share_requests_above_recommended": len(above_rec) / len(recs) if recommended is not None else 0.0,
+        "share_output_tokens_above_recommended": (sum(r.output_tokens for r in above_rec) / total_tokens)
+        if recommended is not None else 0.0,
+        "min_gain": min_gain,
+    }
+
+
+def _roi(cfg: PlanConfig, inputs: SpecInputs, hours_off: float, overall: float) -> dict:
+    """GPU hours a day off and with the recommended policy, and what the difference saves."""
+    tokens_per_s = cfg.tokens_per_s or inputs.capacity_tokens_per_s
+    source = "--tokens-per-s" if cfg.tokens_per_s else ("bench (most tokens/s of a run without errors)" if tokens_per_s else None)
+    hours_on = hours_off / overall
+    saved = hours_off - hours_on
+    return {
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_source": source,
+        "gpu_hours_per_day_off": hours_off,
+        "gpu_hours_per_day_on": hours_on,
+        "saved_gpu_hours_per_day": saved,
+        "gpu_price_per_hour": cfg.gpu_price,
+        "saved_per_day": saved * cfg.gpu_price if cfg.gpu_price is not None else None,
+        "saved_per_year": saved * cfg.gpu_price * 365 if cfg.gpu_price is not None else None,
     }
 
 
