@@ -78,7 +78,8 @@ def copy_bandwidth(device: str) -> float:
     return 2 * n / median_s(copy, 5)
 
 
-def random_weights(name: str, layers: int | None, context: int, dtype: torch.dtype, device: str) -> LlamaWeights:
+def random_weights(name: str, layers: int | None, context: int, dtype: torch.dtype, device: str,
+                   pack: bool = True) -> LlamaWeights:
     hidden, inter, n_layers, heads, kv, hd, vocab, tied = SHAPES[name]
     cfg = LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_layers=layers or n_layers,
@@ -102,16 +103,18 @@ def random_weights(name: str, layers: int | None, context: int, dtype: torch.dty
             p + "mlp.gate_proj.weight": r(inter, hidden), p + "mlp.up_proj.weight": r(inter, hidden),
             p + "mlp.down_proj.weight": r(hidden, inter),
         }
-    return LlamaWeights(cfg, t, dtype, device)
+    return LlamaWeights(cfg, t, dtype, device, pack=pack)
 
 
-def variants(w: LlamaWeights, context: int, cuda: bool) -> dict[str, LeanLlamaLM]:
-    """eager: unpadded passes. graphs: rows buckets, compiled layers (in a CUDA graph on CUDA).
+def variants(w: LlamaWeights, context: int, cuda: bool, plain: LlamaWeights) -> dict[str, LeanLlamaLM]:
+    """eager: unpadded passes. graphs: rows buckets, compiled layers (in a CUDA graph on CUDA), over
+    ``plain`` (the same weights, no matrix packed for oneDNN: compiled layers cannot read packed ones).
     exact: every pass EXACT_ROWS rows (graphed on CUDA)."""
     compiled: dict = {} if cuda else {"capture": lambda step, rows, window: step, "ops": LayerOps.compiled()}
     return {
         "eager": LeanLlamaLM(w, max_context=context),
-        "graphs": LeanLlamaLM(w, max_context=context, plan=ShapePlan(rows_buckets=GRAPH_ROWS), graphs=True, **compiled),
+        "graphs": LeanLlamaLM(plain, max_context=context, plan=ShapePlan(rows_buckets=GRAPH_ROWS), graphs=True,
+                              **compiled),
         "exact": LeanLlamaLM(w, max_context=context, plan=ShapePlan(exact_rows=EXACT_ROWS), graphs=cuda),
     }
 
@@ -155,7 +158,10 @@ def part_shapes(args: argparse.Namespace, device: str) -> dict:
         kv_bytes = 2 * w.cfg.num_layers * w.cfg.num_kv_heads * w.cfg.head_dim * args.context * 2
         floor = (w.nbytes() + kv_bytes) / bw
         row: dict = {"layers": w.cfg.num_layers, "weight_bytes": w.nbytes(), "floor_ms": floor * 1e3}
-        for mode, lm in variants(w, args.context + 32, cuda).items():
+        # a second, plain copy only where the CPU packs bf16 matrices (twice the memory there)
+        plain = random_weights(name, args.layers, args.context + 32, torch.bfloat16, device, pack=False) \
+            if w.packed else w
+        for mode, lm in variants(w, args.context + 32, cuda, plain).items():
             say(f"[shapes] {name}: {mode}")
             t = step_times(lm, args.context, ns if mode != "exact" else [1, 6], args.reps, device)
             row[mode] = {n: s * 1e3 for n, s in t.items()}

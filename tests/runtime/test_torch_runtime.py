@@ -70,6 +70,22 @@ def test_cpu_fp32_matrices_run_packed_and_a_row_does_not_depend_on_the_others(ti
     assert torch.equal(_linear(x[[3, 0, 1, 2, 4, 5]], pack_cpu(m))[0], six[3])
 
 
+def test_compiled_layers_need_plain_matrices_and_pack_false_keeps_them(tiny_target):
+    from trtspec.runtime.torch.lean import LeanLlamaLM
+    from trtspec.runtime.torch.llama import LayerOps, LlamaConfig, LlamaWeights
+    from trtspec.runtime.torch.loader import read_tensors
+
+    cfg, tensors = LlamaConfig.from_hf(read_config(tiny_target)), read_tensors(tiny_target)
+    packed = LlamaWeights(cfg, tensors, torch.float32, "cpu")
+    plain = LlamaWeights(cfg, tensors, torch.float32, "cpu", pack=False)
+    assert packed.packed == cpu_packing() and not plain.packed
+    assert not plain.layers[0].w_qkv.is_mkldnn and not plain.lm_head.is_mkldnn
+    if packed.packed:  # a clear error, not inductor's "Cannot access storage of OpaqueTensorImpl" at the first pass
+        with pytest.raises(ValueError, match="compiled layers cannot read packed matrices"):
+            LeanLlamaLM(packed, ops=LayerOps.compiled())
+    LeanLlamaLM(plain, ops=LayerOps.compiled())  # builds (compiling waits for the first pass)
+
+
 @pytest.mark.skipif(not cpu_packing(), reason="this torch has no oneDNN (mkldnn)")
 @pytest.mark.parametrize("bf16_in_hardware", [True, False])
 def test_bf16_matrices_run_packed_where_the_cpu_multiplies_bf16(monkeypatch, tiny_target, bf16_in_hardware):

@@ -142,6 +142,8 @@ class LeanLlamaLM:
         self._static: KVCache | None = None
         self.graphs: GraphCache | None = None
         self._ops = ops or (LayerOps.compiled() if graphs and capture is None else EAGER)
+        if self._ops is not EAGER and weights.packed:
+            raise ValueError("compiled layers cannot read packed matrices: build the weights with pack=False")
         self.argmax_head = (argmax.ArgmaxHead(weights.embed)  # greedy passes' argmax (CPU, float32)
                             if argmax.applies(weights.dtype, weights.device.type, weights.tied) else None)
         self._greedy_ops = replace(EAGER, head=self.argmax_head.head_fn) if self.argmax_head else EAGER

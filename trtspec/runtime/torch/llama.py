@@ -228,7 +228,8 @@ class LlamaWeights:
     quantized on load with :func:`quantize_int8`. In float32 on the CPU (and
     bf16, :func:`packs`) the matrices are packed for oneDNN
     (:func:`pack_cpu`); the embedding stays a plain matrix for the lookup, so
-    a tied LM head is held twice.
+    a tied LM head is held twice. ``pack=False`` keeps every matrix plain
+    (compiled layers, :meth:`LayerOps.compiled`, cannot read packed ones).
     """
 
     def __init__(
@@ -238,6 +239,7 @@ class LlamaWeights:
         dtype: torch.dtype,
         device: str,
         int8: bool = False,
+        pack: bool = True,
     ):
         self.cfg = cfg
         self.dtype = dtype
@@ -245,7 +247,7 @@ class LlamaWeights:
         self.int8 = int8
         if int8 and dtype != torch.bfloat16:
             raise CheckpointError("int8 weight-only compute runs with bfloat16 activations")
-        pack = not int8 and packs(dtype, self.device.type)
+        self.packed = pack = pack and not int8 and packs(dtype, self.device.type)
 
         def raw(name: str) -> torch.Tensor:
             t = tensors.get(name)
