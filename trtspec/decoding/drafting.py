@@ -37,10 +37,11 @@ def propose_locally(
 ) -> Proposal:
     """Append ``token_ids`` to ``session``, then draft ``x_1..x_k`` one forward at a time.
 
-    Greedy: ``x_i`` is the draft's argmax (``forward_argmax`` where the session answers
-    it: only ids travel, and a float32 lean model's ``ArgmaxHead`` skips most of its LM head). Sampling: ``x_i ~ q_i``, the draft's
-    logits warped like the target's (temperature, top-k, top-p); in exact mode
-    with a seed, drawn with the noise the target's draw at that position uses
+    Greedy: ``x_i`` is the draft's argmax (``forward_argmax`` where the session answers it:
+    only ids travel, and a float32 lean model's ``ArgmaxHead`` skips most of its LM head).
+    Sampling: ``x_i ~ q_i``, the draft's logits warped like the target's
+    (temperature, top-k, top-p); in exact mode with a seed, drawn with the noise
+    the target's draw at that position uses
     (:func:`~trtspec.decoding.acceptance.draw_at`), so the two mostly agree
     when ``q_i`` is close to ``p_i``. ``x_k`` is not
     fed: the session ends holding ``token_ids`` plus ``x_1..x_{k-1}``.
