@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from trtspec.decoding.acceptance import draw_at, sample, warp_probs
-from trtspec.decoding.protocols import ArgmaxForward, DraftProposer, LanguageModel, LMSession
+from trtspec.decoding.protocols import DraftProposer, LanguageModel, LMSession, argmax_ids
 from trtspec.decoding.types import Proposal, SamplingParams
 
 
@@ -47,28 +47,25 @@ def propose_locally(
     fed: the session ends holding ``token_ids`` plus ``x_1..x_{k-1}``.
     """
     assert k >= 1 and len(token_ids) >= 1
-    if sampling.greedy and isinstance(session, ArgmaxForward):  # ids only (an ArgmaxHead answers them faster)
-        tokens = session.forward_argmax(token_ids, 1)
-        while len(tokens) < k:
-            tokens += session.forward_argmax(tokens[-1:], 1)
-        return Proposal(tokens=tuple(tokens), q=None)
+    if sampling.greedy:  # ids only (an ArgmaxHead answers them faster)
+        ids = argmax_ids(session, token_ids, 1)
+        while len(ids) < k:
+            ids += argmax_ids(session, ids[-1:], 1)
+        return Proposal(tokens=tuple(ids), q=None)
     logits = session.forward(token_ids, 1)  # [1, vocab]
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
     for i in range(k):
-        if sampling.greedy:
-            tok = int(logits[0].argmax())
+        q = warp_probs(logits, sampling)[0]  # [vocab]
+        if sampling.exact and sampling.seed is not None:  # the target's position-keyed draw, from q
+            tok = draw_at(q, sampling.seed, session.num_cached)
         else:
-            q = warp_probs(logits, sampling)[0]  # [vocab]
-            if sampling.exact and sampling.seed is not None:  # the target's position-keyed draw, from q
-                tok = draw_at(q, sampling.seed, session.num_cached)
-            else:
-                tok = sample(q, generator)
-            q_rows.append(q)
+            tok = sample(q, generator)
+        q_rows.append(q)
         tokens.append(tok)
         if i < k - 1:
             logits = session.forward([tok], 1)
-    return Proposal(tokens=tuple(tokens), q=torch.stack(q_rows) if q_rows else None)
+    return Proposal(tokens=tuple(tokens), q=torch.stack(q_rows))
 
 
 def propose(

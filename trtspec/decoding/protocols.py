@@ -76,13 +76,23 @@ class ArgmaxForward(Protocol):
 
     Greedy verification needs the target's argmax at each of the ``k + 1``
     positions, not ``k + 1`` rows of vocabulary logits; a remote target sends
-    ``k + 1`` ids instead (demo pair: 4 bytes instead of 196 KB a row). Must
-    equal ``forward(token_ids, num_logits).argmax(-1)`` exactly (ties included),
-    with the same effect on the cache.
+    ``k + 1`` ids instead (demo pair: 4 bytes instead of 196 KB a row). Answers
+    ``forward(token_ids, num_logits).argmax(-1)`` (ties: the lowest id), with the
+    same effect on the cache; a runtime may compute the logits its own way for it
+    (a float32 lean model's ``ArgmaxHead``: equal to ``forward``'s to their last
+    bits, not bit for bit), the same way in every pass.
     """
 
     def forward_argmax(self, token_ids: Sequence[int], num_logits: int) -> list[int]:
         ...
+
+
+def argmax_ids(session: LMSession, token_ids: Sequence[int], num_logits: int) -> list[int]:
+    """The argmax of the last ``num_logits`` positions' logits after appending ``token_ids``: the
+    session's ``forward_argmax`` where it has one (only ids travel), else ``forward`` and argmax here."""
+    if isinstance(session, ArgmaxForward):
+        return session.forward_argmax(token_ids, num_logits)
+    return session.forward(token_ids, num_logits).argmax(dim=-1).tolist()
 
 
 @runtime_checkable

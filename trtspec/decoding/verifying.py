@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from trtspec.decoding.acceptance import greedy_accept, match_draws, rejection_sample, warp_probs
-from trtspec.decoding.protocols import ArgmaxForward, DraftVerifier, LMSession
+from trtspec.decoding.protocols import DraftVerifier, LMSession, argmax_ids
 from trtspec.decoding.types import Proposal, SamplingParams
 
 
@@ -55,7 +55,7 @@ def verify(
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
     fresh = list(token_ids) + drafted
     if sampling.greedy:
-        choice = _argmax(session, fresh, k + 1)  # [k+1]
+        choice = argmax_ids(session, fresh, k + 1)  # [k+1]
         n_acc, nxt = greedy_accept(drafted, choice)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]))
     start = session.num_cached + len(token_ids)  # sequence position of the first token drawn
@@ -69,9 +69,3 @@ def verify(
     n_acc, nxt, bonus = rejection_sample(x, q, p, generator)
     return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
 
-
-def _argmax(session: LMSession, token_ids: list[int], num_logits: int) -> list[int]:
-    """The target's argmax tokens; only those travel when the session can answer them alone."""
-    if isinstance(session, ArgmaxForward):
-        return session.forward_argmax(token_ids, num_logits)
-    return session.forward(token_ids, num_logits).argmax(dim=-1).tolist()

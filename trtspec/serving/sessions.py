@@ -20,7 +20,7 @@ import torch
 
 from trtspec.errors import InvalidRequestError
 from trtspec.decoding.drafting import propose_locally
-from trtspec.decoding.protocols import ArgmaxForward, LanguageModel, LMSession
+from trtspec.decoding.protocols import LanguageModel, LMSession, argmax_ids
 from trtspec.decoding.types import Proposal, SamplingParams
 
 
@@ -86,9 +86,7 @@ class SessionStore:
             return torch.zeros((0,), dtype=torch.int64) if argmax else torch.zeros((0, self.lm.vocab_size))
         if not argmax:
             return session.forward(fresh, num_logits)  # [num_logits, vocab]
-        if isinstance(session, ArgmaxForward):
-            return torch.tensor(session.forward_argmax(fresh, num_logits), dtype=torch.int64)
-        return session.forward(fresh, num_logits).argmax(dim=-1)
+        return torch.tensor(argmax_ids(session, fresh, num_logits), dtype=torch.int64)
 
     def propose(
         self,
