@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from trtspec.builder.memory import (
     DeviceMemory,
     MemoryPlan,
     ModelFootprint,
+    checkpoint_head_tied,
     kv_bytes_per_token,
     parse_bytes,
     plan_memory,
@@ -175,16 +178,32 @@ def test_reads_host_memory() -> None:
     assert mem.kind == "cpu" and mem.total_bytes > 256 * MiB and mem.source in ("/proc/meminfo", "psutil")
 
 
-@pytest.mark.parametrize("tied", [False, True])
+@pytest.fixture(scope="module")
+def unflagged_tied(tied_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tied target whose config does not say so: the weights hold no LM head, the runtime ties it."""
+    out = tmp_path_factory.mktemp("unflagged")
+    for f in tied_target.iterdir():
+        shutil.copy(f, out / f.name)
+    cfg = read_config(tied_target)
+    (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    return out
+
+
+@pytest.mark.parametrize("head", ["own", "tied", "tied, config unflagged"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
-def test_weight_bytes_from_headers_match_what_the_runtime_holds(tiny_target, tied_target, precision, tied) -> None:
+def test_weight_bytes_from_headers_match_what_the_runtime_holds(
+    tiny_target, tied_target, unflagged_tied, precision, head
+) -> None:
     """A tied LM head is held twice where the matrices are packed (fp32 on the CPU; bf16 where it packs),
-    and a float32 one's bfloat16 copy too where greedy passes read it (``ArgmaxHead``)."""
-    path = tied_target if tied else tiny_target
+    and a float32 one's bfloat16 copy too where greedy passes read it (``ArgmaxHead``); a checkpoint
+    without an LM head is tied whatever its config says."""
+    path = {"own": tiny_target, "tied": tied_target, "tied, config unflagged": unflagged_tied}[head]
     cfg = read_config(path)
-    held = load_model(path, precision, device="cpu").weight_bytes
+    model = load_model(path, precision, device="cpu")
+    tied = checkpoint_head_tied(path, cfg)
+    assert tied == (head != "own")
     planned = runtime_weight_bytes(path, cfg, precision, packed=weights_packed(cfg, precision, "cpu"))
-    assert planned + argmax_head_bytes(cfg, precision, "cpu") == held
+    assert planned + argmax_head_bytes(cfg, precision, "cpu", tied) == model.weight_bytes
 
 
 def test_weight_bytes_of_an_int8_checkpoint(tiny_draft: Path, tmp_path: Path) -> None:

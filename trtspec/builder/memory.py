@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Container
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
+from trtspec.runtime.torch.llama import EMBEDDING, LM_HEAD, head_tied
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -46,7 +48,6 @@ TRTLLM_TOKENS_PER_BLOCK = 32  # TensorRT-LLM's default paged-KV block
 _FRACTION_CEILING = 0.95
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1}
-_EMBEDDING = "model.embed_tokens.weight"  # a tied LM head is this matrix
 
 
 # -- what there is ----------------------------------------------------------------------
@@ -147,13 +148,13 @@ def runtime_weight_bytes(
     """
     if precision not in _DTYPE_BYTES:
         raise BuildError(f"unknown precision {precision!r}")
-    tied = bool(cfg.get("tie_word_embeddings", False))
     shapes = _tensor_shapes(path)
+    tied = _tied(cfg, shapes)
     total = 0
     for name, (_dtype, shape) in shapes.items():
         if name.endswith("_scale") and name[: -len("_scale")] in shapes:
             continue  # counted with its matrix
-        if "rotary_emb" in name or (tied and name == "lm_head.weight"):
+        if "rotary_emb" in name or (tied and name == LM_HEAD):
             continue
         numel = math.prod(shape) if shape else 1
         if precision == "int8":
@@ -162,8 +163,18 @@ def runtime_weight_bytes(
             else:
                 total += numel * 2
         else:
-            total += numel * _DTYPE_BYTES[precision] * (2 if packed and tied and name == _EMBEDDING else 1)
+            total += numel * _DTYPE_BYTES[precision] * (2 if packed and tied and name == EMBEDDING else 1)
     return total
+
+
+def checkpoint_head_tied(path: Path, cfg: dict) -> bool:
+    """Whether the runtime holds the checkpoint at ``path`` with its LM head tied to the embedding
+    (:func:`~trtspec.runtime.torch.llama.head_tied`: ``tie_word_embeddings``, or no LM head in the weights)."""
+    return _tied(cfg, _tensor_shapes(path))
+
+
+def _tied(cfg: dict, tensor_names: Container[str]) -> bool:
+    return head_tied(bool(cfg.get("tie_word_embeddings", False)), tensor_names)
 
 
 # -- the plan ---------------------------------------------------------------------------

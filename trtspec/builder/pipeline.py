@@ -49,6 +49,7 @@ from trtspec.builder.memory import (
     DeviceMemory,
     MemoryPlan,
     ModelFootprint,
+    checkpoint_head_tied,
     device_override,
     env_device_index,
     kv_bytes_per_token,
@@ -799,7 +800,7 @@ def _torch_footprint(side: _Side, kind: str) -> ModelFootprint:
     return ModelFootprint(
         role=side.role,
         weight_bytes=runtime_weight_bytes(side.src, side.cfg, side.precision, packed=packed)
-        + argmax_head_bytes(side.cfg, side.precision, device),
+        + argmax_head_bytes(side.cfg, side.precision, device, checkpoint_head_tied(side.src, side.cfg)),
         kv_bytes_per_token=kv_bytes_per_token(side.cfg, kv_dtype.itemsize),
         overhead_bytes=DEFAULT_OVERHEAD_BYTES[kind],
     )

@@ -14,7 +14,7 @@ architectures go through :mod:`trtspec.runtime.torch.hf`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,15 @@ DEQUANT_ROWS = 16  # from this many rows on, a CPU with bf16 in hardware dequant
 def lean_runs(cfg: Mapping) -> bool:
     """Whether the lean runtime runs a checkpoint with this ``config.json`` (else transformers does)."""
     return any(a in SUPPORTED_ARCHITECTURES for a in cfg.get("architectures") or [])
+
+
+EMBEDDING = "model.embed_tokens.weight"
+LM_HEAD = "lm_head.weight"
+
+
+def head_tied(tie_word_embeddings: bool, tensor_names: Container[str]) -> bool:
+    """Whether the LM head is the embedding: the config says so, or the checkpoint holds no LM head."""
+    return tie_word_embeddings or LM_HEAD not in tensor_names
 
 
 @dataclass(frozen=True)
@@ -285,7 +294,7 @@ class LlamaWeights:
         def maybe_vec(name: str) -> torch.Tensor | None:
             return vec(name) if name in tensors else None
 
-        self.embed = dense("model.embed_tokens.weight")  # [vocab, hidden]
+        self.embed = dense(EMBEDDING)  # [vocab, hidden]
         self.layers: list[_Layer] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
@@ -302,11 +311,11 @@ class LlamaWeights:
                 )
             )
         self.norm = vec("model.norm.weight")
-        self.tied = cfg.tie_word_embeddings or "lm_head.weight" not in tensors  # the LM head is the embedding
+        self.tied = head_tied(cfg.tie_word_embeddings, tensors)
         if self.tied:
             self.lm_head = packed(self.embed)
         else:
-            self.lm_head = mat("lm_head.weight")  # [vocab, hidden]
+            self.lm_head = mat(LM_HEAD)  # [vocab, hidden]
         inv_freq = _rope_inv_freq(cfg)
         # PAD_POSITIONS more rows: padding rows of a static-shape pass continue past the last real position.
         pos = torch.arange(cfg.max_position_embeddings + PAD_POSITIONS, dtype=torch.float64)

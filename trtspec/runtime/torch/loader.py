@@ -191,10 +191,10 @@ def weights_packed(cfg: dict, precision: str, device: str) -> bool:
     return lean_runs(cfg) and precision != "int8" and packs(compute_dtype(precision), torch.device(device).type)
 
 
-def argmax_head_bytes(cfg: dict, precision: str, device: str) -> int:
+def argmax_head_bytes(cfg: dict, precision: str, device: str, tied: bool) -> int:
     """Bytes :func:`load_model`'s :class:`~trtspec.runtime.torch.argmax.ArgmaxHead` holds beside the
-    weights (``precision`` resolved; 0 where the model has none)."""
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    weights (``precision`` resolved; ``tied``: the LM head is the embedding,
+    :func:`~trtspec.runtime.torch.llama.head_tied`; 0 where the model has none)."""
     if not (lean_runs(cfg) and argmax.applies(compute_dtype(precision), torch.device(device).type, tied)):
         return 0
     return argmax.extra_bytes(int(cfg["vocab_size"]), int(cfg["hidden_size"]))
