@@ -38,7 +38,7 @@ from typing import Protocol
 from trtspec.bench.records import OTHER, REFUSED, TIMEOUT, RequestRecord, categorize
 from trtspec.bench.workload import RequestSpec
 from trtspec.errors import one_line
-from trtspec.serving.client import ClientError, GenerateParams, generate_http, grpc_inputs
+from trtspec.serving.client import ClientError, GenerateParams, generate_http, grpc_inputs, output_value
 from trtspec.wire import SPEC_DECODE
 
 Clock = Callable[[], float]
@@ -71,18 +71,6 @@ def _grpc_inputs(spec: RequestSpec) -> list:
 def _openai_extra_body(spec: RequestSpec) -> dict:
     """The trtspec extensions (``speculation``, ``priority``, ``drafter``) of the OpenAI request."""
     return {k: v for k, v in _params(spec).fields().items() if k != "max_tokens"}
-
-
-def _first(arr, cast, default):
-    import numpy as np
-
-    if arr is None:
-        return default
-    flat = np.asarray(arr).reshape(-1)
-    if flat.size == 0:
-        return default
-    v = flat[0]
-    return cast(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v)
 
 
 class GrpcTransport:
@@ -146,19 +134,18 @@ class GrpcTransport:
                 rec.error = one_line(error.message())
                 rec.error_category = categorize(rec.error, error.status())
                 return
-            response = result.get_response()
-            names = {o.name for o in response.outputs}
-            text = _first(result.as_numpy("text_output"), str, "") if "text_output" in names else ""
+            outputs = {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
+            text = output_value(outputs, "text_output", str, "")
             if text:
                 assert rec.sent_s is not None
                 rec.chunks.append((now - rec.sent_s, len(text)))
-            if "finish_reason" in names:  # the final response: spec_decode's counts ride on it
+            if "finish_reason" in outputs:  # the final response: spec_decode's counts ride on it
                 rec.done_s = now
-                rec.finish_reason = _first(result.as_numpy("finish_reason"), str, None)
-                rec.input_tokens = _first(result.as_numpy("num_input_tokens") if "num_input_tokens" in names else None, int, 0)
-                rec.output_tokens = _first(result.as_numpy("num_output_tokens") if "num_output_tokens" in names else None, int, 0)
-                rec.drafted = _first(result.as_numpy("num_draft_tokens") if "num_draft_tokens" in names else None, int, 0)
-                rec.accepted = _first(result.as_numpy("num_accepted_tokens") if "num_accepted_tokens" in names else None, int, 0)
+                rec.finish_reason = output_value(outputs, "finish_reason", str, None)
+                rec.input_tokens = output_value(outputs, "num_input_tokens", int, 0)
+                rec.output_tokens = output_value(outputs, "num_output_tokens", int, 0)
+                rec.drafted = output_value(outputs, "num_draft_tokens", int, 0)
+                rec.accepted = output_value(outputs, "num_accepted_tokens", int, 0)
                 return
         rec.done_s = clock()
         rec.error, rec.error_category = "the stream closed without a final response", OTHER

@@ -248,7 +248,7 @@ def generate_grpc(
     first: list[float] = []
 
     def on_response(r: StreamedResponse) -> None:
-        text = _text(r.outputs.get("text_output"))
+        text = _text(r.outputs)
         if text:
             if not first:
                 first.append(r.at_s)
@@ -259,7 +259,7 @@ def generate_grpc(
         url, model, grpc_inputs(values), on_response=on_response, cancel=cancel, timeout_s=timeout_s,
         request_id=request_id,
     )
-    chunks = [t for r in responses if (t := _text(r.outputs.get("text_output")))]
+    chunks = [t for r in responses if (t := _text(r.outputs))]
     final = responses[-1].outputs if responses and not cancelled else {}
     result = _result(chunks, final, protocol="grpc", total_s=time.perf_counter() - t0)
     result.ttft_s = first[0] if first else None
@@ -335,7 +335,7 @@ async def generate_aio(
     chunks: list[str] = []
     ttft: float | None = None
     async for r in stream_infer_aio(client, model, grpc_inputs(values), request_id=request_id):
-        text = _text(r.outputs.get("text_output"))
+        text = _text(r.outputs)
         if text:
             ttft = r.at_s if ttft is None else ttft
             chunks.append(text)
@@ -446,37 +446,33 @@ def error_code(error: ClientError) -> str:
 # -- shared -----------------------------------------------------------------------------
 
 
-def _text(arr: np.ndarray | None) -> str:
-    if arr is None:
-        return ""
-    flat = np.asarray(arr).reshape(-1)
-    if flat.size == 0:
-        return ""
-    v = flat[0]
-    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
-
-
-def _scalar(final: Mapping[str, np.ndarray], name: str, cast: Callable[[Any], Any], default: Any) -> Any:
-    arr = final.get(name)
+def output_value(outputs: Mapping[str, np.ndarray], name: str, cast: Callable[[Any], Any], default: Any) -> Any:
+    """The first element of output ``name`` (BYTES decoded as UTF-8) through ``cast``; ``default``
+    when the response lacks it or it is empty."""
+    arr = outputs.get(name)
     if arr is None:
         return default
     flat = np.asarray(arr).reshape(-1)
     if flat.size == 0:
         return default
     v = flat[0]
-    return cast(v.decode() if isinstance(v, bytes) else v)
+    return cast(v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v)
+
+
+def _text(outputs: Mapping[str, np.ndarray]) -> str:
+    return output_value(outputs, "text_output", str, "")
 
 
 def _result(chunks: list[str], final: Mapping[str, np.ndarray], *, protocol: str, total_s: float) -> ClientResult:
-    drafted = _scalar(final, "num_draft_tokens", int, 0)
+    drafted = output_value(final, "num_draft_tokens", int, 0)
     return ClientResult(
         text="".join(chunks),
-        finish_reason=_scalar(final, "finish_reason", str, None),
-        num_input_tokens=_scalar(final, "num_input_tokens", int, 0),
-        num_output_tokens=_scalar(final, "num_output_tokens", int, 0),
+        finish_reason=output_value(final, "finish_reason", str, None),
+        num_input_tokens=output_value(final, "num_input_tokens", int, 0),
+        num_output_tokens=output_value(final, "num_output_tokens", int, 0),
         num_draft_tokens=drafted,
-        num_accepted_tokens=_scalar(final, "num_accepted_tokens", int, 0),
-        acceptance_rate=_scalar(final, "acceptance_rate", float, None) if drafted else None,
+        num_accepted_tokens=output_value(final, "num_accepted_tokens", int, 0),
+        acceptance_rate=output_value(final, "acceptance_rate", float, None) if drafted else None,
         total_s=total_s,
         protocol=protocol,
         chunks=chunks,
