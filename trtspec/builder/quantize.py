@@ -28,7 +28,7 @@ import torch
 from trtspec.builder.errors import BuildError
 from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, lean_runs, quantize_int8
 from trtspec.runtime.torch.loader import QUANT_KEY, LoadedModel, load_model, read_config, read_tensors
-from trtspec.decoding import FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
+from trtspec.decoding import AcceptanceRatios, FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
 
 Say = Callable[[str], None]
 
@@ -155,7 +155,7 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True)
-class AcceptanceFigures:
+class AcceptanceFigures(AcceptanceRatios):
     """Greedy speculation of one draft against the target over the probe set (summed over prompts)."""
 
     prompts: int
@@ -164,16 +164,6 @@ class AcceptanceFigures:
     accepted_tokens: int
     emitted_tokens: int
     draft_time_s: float
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """accepted / drafted."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """Emitted tokens per iteration (bonus/correction token included)."""
-        return self.emitted_tokens / self.iterations if self.iterations else None
 
     @property
     def draft_ms_per_token(self) -> float | None:

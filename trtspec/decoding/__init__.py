@@ -19,6 +19,7 @@ from trtspec.decoding.protocols import (
     LMSession,
 )
 from trtspec.decoding.types import (
+    AcceptanceRatios,
     DrafterKind,
     FinishReason,
     GenerationRequest,
@@ -31,6 +32,7 @@ from trtspec.decoding.types import (
 )
 
 __all__ = [
+    "AcceptanceRatios",
     "ArgmaxForward",
     "DraftVerifier",
     "Detokenizer",

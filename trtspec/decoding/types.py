@@ -172,8 +172,28 @@ def tested_positions(k: int, accepted: int) -> int:
     return min(k, accepted + 1)
 
 
+class AcceptanceRatios:
+    """The two ratios every count of speculation reports, defined once (see the module docstring for
+    the vocabulary); a class with these four counts gets them."""
+
+    iterations: int
+    drafted_tokens: int
+    accepted_tokens: int
+    emitted_tokens: int
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None when nothing was drafted."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Emitted tokens per iteration (bonus/correction token included)."""
+        return self.emitted_tokens / self.iterations if self.iterations else None
+
+
 @dataclass
-class SpecStats:
+class SpecStats(AcceptanceRatios):
     """Per-request counters. See the module docstring for the vocabulary."""
 
     iterations: int = 0
@@ -233,16 +253,6 @@ class SpecStats:
     @property
     def rejected_tokens(self) -> int:
         return self.drafted_tokens - self.accepted_tokens
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """accepted / drafted; None when nothing was drafted."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """Emitted tokens per iteration (bonus/correction token included)."""
-        return self.emitted_tokens / self.iterations if self.iterations else None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
