@@ -61,66 +61,71 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
     """The app; ``metrics`` (a fresh :class:`ProxyMetrics` by default) is served on ``/metrics``."""
     import tritonclient.grpc.aio as grpc_aio
 
-    metrics = metrics or ProxyMetrics()
-    state: dict[str, Any] = {}
+    proxy = _Proxy(settings, metrics or ProxyMetrics())
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        state["triton"] = grpc_aio.InferenceServerClient(settings.triton_grpc)  # bound to this event loop
+        proxy.triton = grpc_aio.InferenceServerClient(settings.triton_grpc)  # bound to this event loop
         try:
             yield
         finally:
-            await state["triton"].close()
+            await proxy.triton.close()
 
     app = FastAPI(title="trtspec OpenAI-compatible endpoint", lifespan=lifespan)
-    app.state.metrics = metrics
-
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(_request: Request, e: OpenAIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_body(_request: Request, e: RequestValidationError) -> JSONResponse:
-        return JSONResponse(_validation_error(e).body(), status_code=400)
-
-    @app.get("/health")
-    async def health() -> Response:
-        if read_drain(settings.status_dir) is not None:  # shutting down: route nothing new here
-            return JSONResponse({"status": "draining", "model": settings.model}, status_code=503)
-        try:
-            ready = await state["triton"].is_model_ready(settings.model)
-        except Exception:  # Triton unreachable is "not healthy", whatever the exception
-            ready = False
-        return JSONResponse({"status": "ok" if ready else "unavailable", "model": settings.model},
-                            status_code=200 if ready else 503)
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": settings.served_name, "object": "model", "created": 0,
-                                            "owned_by": "trtspec"}]}
+    app.add_exception_handler(OpenAIError, _openai_error)
+    app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.add_api_route("/health", proxy.health, methods=["GET"])
+    app.add_api_route("/metrics", proxy.prometheus, methods=["GET"])
+    app.add_api_route("/v1/models", proxy.models, methods=["GET"])
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _answer(request, body, "chat")
+        return await proxy.answer(request, body, "chat")
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await _answer(request, body, "completions")
+        return await proxy.answer(request, body, "completions")
 
-    async def _answer(request: Request, body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
+    return app
+
+
+class _Proxy:
+    """What the routes do, over what they share: the settings, the metrics and the Triton client
+    (opened by the app's lifespan, on its event loop)."""
+
+    def __init__(self, settings: ProxySettings, metrics: ProxyMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.triton: Any = None
+
+    async def health(self) -> Response:
+        if read_drain(self.settings.status_dir) is not None:  # shutting down: route nothing new here
+            return JSONResponse({"status": "draining", "model": self.settings.model}, status_code=503)
+        try:
+            ready = await self.triton.is_model_ready(self.settings.model)
+        except Exception:  # Triton unreachable is "not healthy", whatever the exception
+            ready = False
+        return JSONResponse({"status": "ok" if ready else "unavailable", "model": self.settings.model},
+                            status_code=200 if ready else 503)
+
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.settings.served_name, "object": "model", "created": 0,
+                                            "owned_by": "trtspec"}]}
+
+    async def answer(self, request: Request, body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
         t0 = time.perf_counter()
         endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
-        renderer = Renderer(kind, settings.served_name)
+        renderer = Renderer(kind, self.settings.served_name)
+        metrics = self.metrics
         metrics.in_flight.inc()
         try:
-            events = _start(body, renderer.id)
+            events = self._start(body, renderer.id)
             if body.stream:  # the first response first: an error before any text gets its own status
                 first = await _unless_disconnected(request, anext(events))
-                stream = _stream(renderer, first, events, body.include_usage, endpoint, t0)
+                stream = self._stream(renderer, first, events, body.include_usage, endpoint, t0)
                 return StreamingResponse(stream, media_type="text/event-stream")  # the stream counts from here
             result = await _unless_disconnected(request, _collect(events))
             status, ttft, response = 200, result.ttft_s, JSONResponse(renderer.body(result))
@@ -134,7 +139,8 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
         metrics.in_flight.dec()
         return response
 
-    def _start(body: ChatCompletionRequest | CompletionRequest, request_id: str) -> AsyncIterator[StreamEvent]:
+    def _start(self, body: ChatCompletionRequest | CompletionRequest, request_id: str) -> AsyncIterator[StreamEvent]:
+        settings = self.settings
         if body.model != settings.served_name:
             raise OpenAIError(404, f"model {body.model!r} does not exist; this server serves "
                                    f"{settings.served_name!r}", "model", "model_not_found")
@@ -149,9 +155,9 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
         else:
             prompt = body.text()
         params = body.params(body.requested_max_tokens, settings.max_tokens_limit, apply_chat_template=False)
-        return generate_aio(state["triton"], prompt, params, model=settings.model, request_id=request_id)
+        return generate_aio(self.triton, prompt, params, model=settings.model, request_id=request_id)
 
-    async def _stream(renderer: Renderer, first: StreamEvent, events: AsyncIterator[StreamEvent],
+    async def _stream(self, renderer: Renderer, first: StreamEvent, events: AsyncIterator[StreamEvent],
                       include_usage: bool, endpoint: str, t0: float) -> AsyncIterator[str]:
         status, ttft = 499, None  # a stream cut short is the client's doing (Starlette cancels us)
         try:
@@ -173,11 +179,19 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
             yield sse(error.body())
         finally:
             await events.aclose()  # cancels the Triton request if it is still running
-            metrics.finished(endpoint, status, time.perf_counter() - t0, ttft)
-            metrics.in_flight.dec()
+            self.metrics.finished(endpoint, status, time.perf_counter() - t0, ttft)
+            self.metrics.in_flight.dec()
         yield sse("[DONE]")
 
-    return app
+
+async def _openai_error(_request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, OpenAIError)
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _invalid_body(_request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, RequestValidationError)
+    return JSONResponse(_validation_error(e).body(), status_code=400)
 
 
 async def _collect(events: AsyncIterator[StreamEvent]) -> ClientResult:
