@@ -15,6 +15,7 @@ actually answer, breaker state, speculation on or off; see
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
@@ -25,6 +26,8 @@ from trtspec.cli.common import JsonOpt, domain_errors, fail, log, print_json
 
 if TYPE_CHECKING:
     from trtspec.serving.launcher import TritonServer
+    from trtspec.serving.openai_api.server import OpenAIServer
+    from trtspec.serving.status import StatusServer
 
 
 class _Shutdown(Exception):
@@ -53,19 +56,14 @@ def serve(
     json_out: JsonOpt = False,
 ) -> None:
     """Start tritonserver on MODEL_REPO, print its endpoints, serve until Ctrl-C or SIGTERM (then drain)."""
-    from trtspec.serving.launcher import TritonServer, find_tritonserver, malloc_library  # noqa: F811
-    from trtspec.serving.openai_api.server import OpenAIServer
-    from trtspec.serving.status import StatusServer
-
     from trtspec.builder.repo import served_model_name
+    from trtspec.serving.launcher import TritonServer, find_tritonserver, malloc_library  # noqa: F811
 
     model = served_model_name(model_repo) if model_repo.is_dir() else None
     if model is None or not (model_repo / model / "config.pbtxt").is_file():
         fail(f"{model_repo} is not a trtspec model repository (no spec_decode model in it)")
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
-    server: TritonServer | None = None
-    status_server: StatusServer | None = None
-    openai_server: OpenAIServer | None = None
+    running = _Running()
     at_once = False
     try:
         with domain_errors():
@@ -73,57 +71,23 @@ def serve(
             allocator = malloc_library(malloc) or "glibc malloc"
             log(f"starting {install.executable} ({install.source}, {allocator}); log: {log_file.resolve()}",
                 quiet=json_out)
-            server = TritonServer(
-                model_repo,
-                host=host,
-                http_port=http_port,
-                grpc_port=grpc_port,
-                metrics_port=metrics_port,
-                log_file=log_file,
-                startup_timeout_s=startup_timeout,
-                log_verbose=log_verbose,
-                install=install,
+            running.server = server = TritonServer(
+                model_repo, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                log_file=log_file, startup_timeout_s=startup_timeout, log_verbose=log_verbose, install=install,
                 malloc=malloc,
             )
             endpoints = server.start()
-        urls = endpoints.to_dict(model)
-        if status_port >= 0:
-            try:
-                status_server = StatusServer(endpoints.http, server.status_dir, host=host, port=status_port,
-                                             model=model).start()
-            except OSError as e:
-                fail(f"cannot serve the status endpoint on {host}:{status_port}: {e.strerror or e}")
-            urls["status"] = status_server.url
-        if openai_port >= 0:
-            with domain_errors():
-                openai_server = OpenAIServer(endpoints.grpc, model=model, host=host, port=openai_port,
-                                             status_dir=server.status_dir).start()
-            urls["openai"] = f"{openai_server.url}/v1"
-        info = {
-            "endpoints": urls,
-            "model": model,
-            "pid": server.pid,
-            "server": str(install.executable),
-            "model_repo": str(model_repo.resolve()),
-            "log_file": str(Path(log_file).resolve()),
-        }
-        if json_out:
-            print_json(info)
-        else:
-            for name, url in urls.items():
-                typer.echo(f"{name:<16}{url}")
-            from trtspec.serving.status import collect_status, format_status
-
-            for line in format_status(collect_status(endpoints.http, server.status_dir, model=model)):
-                log(line)
-            log("serving; Ctrl-C or SIGTERM stops the server", quiet=False)
+        urls = {**endpoints.to_dict(model), **running.open_front_doors(host, status_port, openai_port, model)}
+        info = {"endpoints": urls, "model": model, "pid": server.pid, "server": str(install.executable),
+                "model_repo": str(model_repo.resolve()), "log_file": str(Path(log_file).resolve())}
+        _announce(info, server, json_out)
         code = server.wait()
         why = server.known_abort()
         tail = server.log_tail(5)
         fail(f"tritonserver exited on its own with code {code}{f': {why}' if why else ''}; last log lines:\n{tail}")
     except _Shutdown as s:
-        if server is not None and server.alive():
-            at_once = _drain(server, grace_period, str(s))
+        if running.server is not None and running.server.alive():
+            at_once = _drain(running.server, grace_period, str(s))
         else:
             log(f"{s} received: stopping tritonserver", quiet=json_out)
     finally:
@@ -131,18 +95,65 @@ def serve(
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
         try:
-            # Front doors close once the drain is over: until then they pass spec_decode's
-            # refusals (UNAVAILABLE) on to their clients.
-            if openai_server is not None:
-                openai_server.stop()
-            if status_server is not None:
-                status_server.stop()
-            if server is not None:
-                server.stop(timeout_s=0.0 if at_once else 30.0)
+            running.stop(at_once)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     log("tritonserver stopped", quiet=json_out)
+
+
+@dataclass
+class _Running:
+    """What ``trtspec serve`` started, to stop in order."""
+
+    server: TritonServer | None = None
+    status: StatusServer | None = None
+    openai: OpenAIServer | None = None
+
+    def open_front_doors(self, host: str, status_port: int, openai_port: int, model: str) -> dict[str, str]:
+        """Start the status and OpenAI endpoints (a port of -1: not started); their URLs."""
+        from trtspec.serving.openai_api.server import OpenAIServer
+        from trtspec.serving.status import StatusServer
+
+        assert self.server is not None and self.server.endpoints is not None
+        http, grpc, status_dir = self.server.endpoints.http, self.server.endpoints.grpc, self.server.status_dir
+        urls = {}
+        if status_port >= 0:
+            try:
+                self.status = StatusServer(http, status_dir, host=host, port=status_port, model=model).start()
+            except OSError as e:
+                fail(f"cannot serve the status endpoint on {host}:{status_port}: {e.strerror or e}")
+            urls["status"] = self.status.url
+        if openai_port >= 0:
+            with domain_errors():
+                self.openai = OpenAIServer(grpc, model=model, host=host, port=openai_port,
+                                           status_dir=status_dir).start()
+            urls["openai"] = f"{self.openai.url}/v1"
+        return urls
+
+    def stop(self, at_once: bool) -> None:
+        # Front doors close once the drain is over: until then they pass spec_decode's
+        # refusals (UNAVAILABLE) on to their clients.
+        if self.openai is not None:
+            self.openai.stop()
+        if self.status is not None:
+            self.status.stop()
+        if self.server is not None:
+            self.server.stop(timeout_s=0.0 if at_once else 30.0)
+
+
+def _announce(info: dict, server: TritonServer, json_out: bool) -> None:
+    """The endpoints on stdout (the JSON object under ``--json``), the deployment's status on stderr."""
+    if json_out:
+        print_json(info)
+        return
+    from trtspec.serving.status import collect_status, format_status
+
+    for name, url in info["endpoints"].items():
+        typer.echo(f"{name:<16}{url}")
+    for line in format_status(collect_status(server.endpoints.http, server.status_dir, model=info["model"])):
+        log(line)
+    log("serving; Ctrl-C or SIGTERM stops the server", quiet=False)
 
 
 def _drain(server: TritonServer, grace_period: float, signame: str) -> bool:
