@@ -50,6 +50,18 @@ def test_tiny_models_greedy_output_is_the_targets_with_every_drafter(tiny_pair, 
     assert drafted > 0
 
 
+@pytest.mark.parametrize("draft_precision", ["int8", "int4"])
+def test_tiny_models_greedy_output_is_the_targets_with_a_quantized_draft(tiny_target, tiny_draft, draft_precision):
+    pair = load_pair(tiny_target, tiny_draft, draft_precision=draft_precision)
+    assert pair.draft.precision == draft_precision
+    tok, dec = pair.target.tokenizer, pair.decoder()
+    for text in TINY_PROMPTS:
+        req = GenerationRequest(tuple(tok.encode_prompt(text)), StopCriteria(24))
+        out = dec.generate(req, FixedDraftLength(4))
+        assert out.token_ids == dec.generate(req, FixedDraftLength(0)).token_ids, text
+        assert out.stats.drafted_tokens > 0
+
+
 def test_tiny_good_draft_is_mostly_accepted(tiny_pair):
     tok = tiny_pair.target.tokenizer
     out = tiny_pair.decoder().generate(

@@ -344,7 +344,7 @@ class LMParams(ModelParams):
     """``draft``'s and ``target``'s parameters (the torch backend); ``fault_*`` for the draft only."""
 
     checkpoint: str = param(doc="HF directory or `.gguf` file")
-    precision: str = param("auto", "auto, fp32, bf16, fp16 or int8")
+    precision: str = param("auto", "auto, fp32, bf16, fp16, int8 or int4 (CPU)")
     device: str = param("auto", "auto, cpu or cuda[:N]")
     max_context: int = param(0, "most tokens per sequence; 0: the checkpoint's")
     max_sessions: int = param(64, "KV caches kept before the least recently used is evicted")

@@ -190,7 +190,7 @@ def unflagged_tied(tied_target: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.mark.parametrize("head", ["own", "tied", "tied, config unflagged"])
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "int4"])
 def test_weight_bytes_from_headers_match_what_the_runtime_holds(
     tiny_target, tied_target, unflagged_tied, precision, head
 ) -> None:

@@ -14,14 +14,20 @@ from trtspec.runtime.pair import load_pair
 from trtspec.runtime.torch import llama
 from trtspec.runtime.torch.llama import (
     DEQUANT_ROWS,
+    INT4_GROUP,
+    Int4Weight,
     Int8Weight,
+    LlamaConfig,
+    LlamaWeights,
     _linear,
     cpu_bf16_matmul,
     cpu_packing,
+    int4_weight,
     pack_cpu,
+    quantize_int4,
     quantize_int8,
 )
-from trtspec.runtime.torch.loader import kv_cache_dtype, load_model, read_config
+from trtspec.runtime.torch.loader import kv_cache_dtype, load_model, read_config, read_tensors
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +145,7 @@ def test_the_cpu_caches_in_float32_and_the_build_plans_for_it(tiny_target):
     over a bf16 cache costs several times as much per key for one row), on the GPU over its compute
     dtype; the memory plan counts the cache the runtime allocates (``kv_cache_dtype``)."""
     cfg = read_config(tiny_target)
-    for precision in ("fp32", "bf16", "fp16", "int8"):
+    for precision in ("fp32", "bf16", "fp16", "int8", "int4"):
         cache = load_model(tiny_target, precision).lm.new_cache(8)
         assert cache.k.dtype == cache.v.dtype == torch.float32, precision
         assert kv_cache_dtype(cfg, precision, "cpu") == torch.float32
@@ -159,6 +165,81 @@ def test_quantize_int8_roundtrip_and_idempotence():
     q2, scale2 = quantize_int8(deq)  # re-quantizing dequantized weights is exact
     assert torch.equal(q, q2)
     torch.testing.assert_close(scale, scale2)
+
+
+def q4_1_grid(out: int, inp: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weights as a Q4_1 GGUF holds them, dequantized: per group of 32, ``d * q + m`` with every q
+    in 0..15 used at its ends (0 and 15 present); returns (w, q, d, m)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (out, inp), generator=g)
+    q.view(out, -1, INT4_GROUP)[..., 0], q.view(out, -1, INT4_GROUP)[..., 1] = 0, 15
+    d = torch.rand(out, inp // INT4_GROUP, generator=g) * 0.01 + 1e-3
+    m = -8 * d + torch.randn(out, inp // INT4_GROUP, generator=g) * 1e-3
+    w = (q.view(out, -1, INT4_GROUP) * d[..., None] + m[..., None]).reshape(out, inp)
+    return w, q, d, m
+
+
+def test_quantize_int4_recovers_a_q4_1_grid_and_stays_within_half_a_step():
+    w, q, d, m = q4_1_grid(48, 96)
+    q4, scale, zero = quantize_int4(w)
+    assert torch.equal(q4, q.int())  # a Q4_1 GGUF's weights come back as its own codes
+    torch.testing.assert_close(scale, d)
+    torch.testing.assert_close(zero, m + 8 * d)
+    r = torch.randn(48, 96)
+    q4, scale, zero = quantize_int4(r)
+    assert int(q4.min()) == 0 and int(q4.max()) == 15
+    deq = ((q4.view(48, -1, INT4_GROUP) - 8) * scale[..., None] + zero[..., None]).reshape(48, 96)
+    step = scale.repeat_interleave(INT4_GROUP, dim=1)
+    assert bool(((deq - r).abs() <= step / 2 + 1e-6).all())
+
+
+def test_int4_matmul_is_the_dequantized_product():
+    w, q, d, m = q4_1_grid(64, 128, seed=1)
+    x = torch.randn(5, 128).bfloat16()
+    y = _linear(x, int4_weight(w, "w", torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and y.shape == (5, 64)
+    # the reference: the grid's weights with scale and zero rounded to bf16, as the kernel holds them
+    sz = torch.stack([d, m + 8 * d], -1).bfloat16().float()
+    deq = ((q.view(64, -1, INT4_GROUP) - 8) * sz[..., 0:1] + sz[..., 1:2]).reshape(64, 128)
+    torch.testing.assert_close(y.float(), x.float() @ deq.T, atol=0.02, rtol=0.02)
+
+
+def test_int4_refuses_what_its_kernel_cannot_take(tiny_target):
+    with pytest.raises(CheckpointError, match=r"q_proj is \[40, 64\].*use int8"):
+        int4_weight(torch.randn(40, 64), "q_proj", torch.bfloat16)
+    with pytest.raises(CheckpointError, match=r"inputs a multiple of 32; w is \[64, 48\]"):
+        int4_weight(torch.randn(64, 48), "w", torch.bfloat16)
+    cfg = LlamaConfig.from_hf(read_config(tiny_target))
+    with pytest.raises(CheckpointError, match="int4 weight-only runs on the CPU.*on cuda use int8"):
+        LlamaWeights(cfg, read_tensors(tiny_target), torch.bfloat16, "cuda", quant="int4")
+
+
+def test_int4_model_runs_its_grid_with_int8_embedding_and_head(tiny_target, tmp_path):
+    """A checkpoint already on int4 grids (as a Q4_1 GGUF's): the int4 model holds those weights as they
+    are, so it is closer to the float model than the int8 one, which rounds them again."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, t in read_tensors(tiny_target).items():
+        if name.startswith(llama.LAYERS) and t.dim() == 2:
+            q4, scale, zero = quantize_int4(t)
+            t = ((q4.view(t.shape[0], -1, INT4_GROUP) - 8) * scale[..., None] + zero[..., None]).reshape(t.shape)
+        tensors[name] = t.contiguous()
+    for f in tiny_target.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    fp, i4 = load_model(tmp_path, "fp32"), load_model(tmp_path, "int4")
+    w = i4.lm.weights
+    assert i4.precision == "int4"
+    assert all(isinstance(getattr(layer, n), Int4Weight) for layer in w.layers
+               for n in ("w_qkv", "w_o", "w_gate_up", "w_down"))
+    assert isinstance(w.embed, Int8Weight) and isinstance(w.lm_head, Int8Weight)
+    i8 = load_model(tmp_path, "int8")
+    assert i4.weight_bytes < i8.weight_bytes
+    a, b, c = (m.lm.new_session().forward(PROMPT, len(PROMPT)) for m in (fp, i4, i8))
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+    assert float((b - a).abs().mean()) < float((c - a).abs().mean())
 
 
 def test_int8_model_is_a_close_copy(tiny_target):

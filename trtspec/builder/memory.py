@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
-from trtspec.runtime.torch.llama import EMBEDDING, LM_HEAD, head_tied
+from trtspec.runtime.torch.llama import EMBEDDING, INT4_GROUP, LAYERS, LM_HEAD, head_tied
+from trtspec.runtime.torch.loader import QUANTIZED
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -140,13 +141,15 @@ def runtime_weight_bytes(
 
     Matches the torch runtime: ``fp32``/``bf16``/``fp16``: every parameter at
     that width; ``int8``: each matrix 1 byte per weight plus one 2-byte
-    (bfloat16) scale per row, vectors in bfloat16. A tied LM head is counted
+    (bfloat16) scale per row, vectors in bfloat16; ``int4``: the layers'
+    matrices half a byte per weight plus a bfloat16 scale and zero per group
+    of ``INT4_GROUP``, the rest as under ``int8``. A tied LM head is counted
     once, or twice when the runtime packs its matrices (``packed``,
     ``loader.weights_packed``: the embedding stays plain for the lookup).
     ``int8_exclude``: name fragments of matrices kept at 2 bytes under
     int8 (TensorRT-LLM's W8A16 leaves the embedding and LM head in 16 bits).
     """
-    if precision not in _DTYPE_BYTES:
+    if precision not in _DTYPE_BYTES and precision not in QUANTIZED:
         raise BuildError(f"unknown precision {precision!r}")
     shapes = _tensor_shapes(path)
     tied = _tied(cfg, shapes)
@@ -157,7 +160,9 @@ def runtime_weight_bytes(
         if "rotary_emb" in name or (tied and name == LM_HEAD):
             continue
         numel = math.prod(shape) if shape else 1
-        if precision == "int8":
+        if precision == "int4" and len(shape) == 2 and name.startswith(LAYERS):  # packed nibbles, bf16 scale + zero
+            total += numel // 2 + numel // INT4_GROUP * 2 * _DTYPE_BYTES["bf16"]
+        elif precision in QUANTIZED:
             if len(shape) == 2 and not any(x in name for x in int8_exclude):
                 total += numel + shape[0] * 2
             else:

@@ -228,7 +228,7 @@ def write_model_repo(
         target_checkpoint, draft_checkpoint: HF directories or ``.gguf`` files
             (a GGUF is converted once, cached). No draft: the repository serves
             the target alone (and a ``draft/`` written before is removed).
-        target_precision, draft_precision: auto | fp32 | bf16 | fp16 | int8.
+        target_precision, draft_precision: auto | fp32 | bf16 | fp16 | int8 | int4.
         tokenizer_dir: the pair's tokenizer; default: the target's directory.
         max_tokens_limit: largest ``max_tokens`` a request may ask.
         max_context: cap on tokens per sequence (default: each checkpoint's own).

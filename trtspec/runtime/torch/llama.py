@@ -35,6 +35,7 @@ def lean_runs(cfg: Mapping) -> bool:
 
 EMBEDDING = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
+LAYERS = "model.layers."  # every decoder layer's tensors: model.layers.{i}.
 
 
 def head_tied(tie_word_embeddings: bool, tensor_names: Container[str]) -> bool:
@@ -100,7 +101,25 @@ class Int8Weight:
         return self.q.numel() + self.scale.numel() * self.scale.element_size()
 
 
-Weight = torch.Tensor | Int8Weight
+INT4_GROUP = 32  # inputs per (scale, zero) pair: a GGUF Q4_1 block's size, the smallest torch's int4 kernels take
+INT4_OUT_MULTIPLE = 16  # torch's CPU int4 packing takes matrices of a multiple of 16 outputs
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """Weight-only int4, asymmetric in groups of :data:`INT4_GROUP` inputs: ``w ~= (q - 8) * scale + zero``
+    with ``q`` in 0..15, packed for torch's CPU kernel (``_weight_int4pack_mm_for_cpu``). A GGUF
+    Q4_1 block (``d * q + m``) is this form with ``scale = d``, ``zero = m + 8 d``."""
+
+    packed: torch.Tensor  # [out, in / 2] uint8, torch's CPU int4 layout
+    scale_zeros: torch.Tensor  # [in / INT4_GROUP, out, 2] in the compute dtype: (scale, zero) per group
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scale_zeros.numel() * self.scale_zeros.element_size()
+
+
+Weight = torch.Tensor | Int8Weight | Int4Weight
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +135,35 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 in groups of :data:`INT4_GROUP` inputs: returns ``(q [out, in] int32 in 0..15,
+    scale [out, in / group], zero [out, in / group])``, float32, ``w ~= (q - 8) * scale + zero``.
+
+    ``scale = (max - min) / 15`` and ``q = round((w - min) / scale)`` per group, so a group's least
+    and largest weights map to exactly 0 and 15; weights already on such a grid (a Q4_1 GGUF's,
+    dequantized) come back as the same ``q``, scale and zero.
+    """
+    assert w.dim() == 2 and w.shape[1] % INT4_GROUP == 0, f"expected [out, in], in a multiple of {INT4_GROUP}"
+    out, inp = w.shape
+    groups = w.float().reshape(out, inp // INT4_GROUP, INT4_GROUP)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = (hi - lo) / 15.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((groups - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32)
+    return q.reshape(out, inp), scale, lo + 8.0 * scale
+
+
+def int4_weight(w: torch.Tensor, name: str, dtype: torch.dtype) -> Int4Weight:
+    """``w`` ``[out, in]`` as an :class:`Int4Weight` for the CPU, scales and zeros in ``dtype``."""
+    out, inp = w.shape
+    if out % INT4_OUT_MULTIPLE or inp % INT4_GROUP:
+        raise CheckpointError(f"int4 needs each layer matrix's outputs a multiple of {INT4_OUT_MULTIPLE} and its "
+                              f"inputs a multiple of {INT4_GROUP}; {name} is [{out}, {inp}] (use int8)")
+    q, scale, zero = quantize_int4(w)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    return Int4Weight(packed=packed, scale_zeros=torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous())
 
 
 def cpu_packing() -> bool:
@@ -164,6 +212,7 @@ def cpu_bf16_matmul() -> bool:
 
 _CPU_BF16 = cpu_bf16_matmul()
 _int8pack_mm = torch.ops.aten._weight_int8pack_mm
+_int4pack_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 
 
 def _int8_by_int8pack(x: torch.Tensor) -> bool:
@@ -185,6 +234,9 @@ def _int8_by_int8pack(x: torch.Tensor) -> bool:
 def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(w, torch.Tensor) and w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    if isinstance(w, Int4Weight):
+        y = _int4pack_mm(x, w.packed, INT4_GROUP, w.scale_zeros)
+        return y + bias if bias is not None else y
     if isinstance(w, Int8Weight):
         if _int8_by_int8pack(x):
             y = _int8pack_mm(x, w.q, w.scale)
@@ -195,7 +247,7 @@ def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> tor
 
 
 def _nbytes(w: Weight) -> int:
-    return w.nbytes if isinstance(w, Int8Weight) else w.numel() * w.element_size()
+    return w.nbytes if isinstance(w, (Int8Weight, Int4Weight)) else w.numel() * w.element_size()
 
 
 @dataclass
@@ -207,6 +259,15 @@ class _Layer:
     mlp_norm: torch.Tensor  # [hidden]
     w_gate_up: Weight  # [2 * intermediate, hidden]
     w_down: Weight  # [hidden, intermediate]
+
+
+def _check_quant(quant: str | None, dtype: torch.dtype, device: torch.device) -> None:
+    if quant not in (None, "int8", "int4"):
+        raise CheckpointError(f"weight quantization must be int8 or int4, got {quant!r}")
+    if quant is not None and dtype != torch.bfloat16:
+        raise CheckpointError(f"{quant} weight-only compute runs with bfloat16 activations")
+    if quant == "int4" and device.type != "cpu":
+        raise CheckpointError(f"int4 weight-only runs on the CPU (torch's int4 CPU kernel); on {device.type} use int8")
 
 
 def _rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -232,9 +293,12 @@ class LlamaWeights:
 
     ``tensors`` maps HF parameter names to float tensors; a matrix may instead
     come pre-quantized as ``name`` (int8) plus ``name + "_scale"`` ([out]).
-    With ``int8=True`` every matrix (embedding and LM head included) runs as
-    weight-only int8 with activations in ``dtype``; float matrices are
-    quantized on load with :func:`quantize_int8`. In float32 on the CPU (and
+    With ``quant="int8"`` every matrix (embedding and LM head included) runs as
+    weight-only int8 with activations in ``dtype`` (bfloat16); float matrices are
+    quantized on load with :func:`quantize_int8`. With ``quant="int4"`` (CPU
+    only) the layers' matrices run as weight-only int4 (:func:`quantize_int4`,
+    from the float weights), the embedding and LM head as int8 (as a Q4_1
+    GGUF keeps its embedding in Q8_0). In float32 on the CPU (and
     bf16, :func:`packs`) the matrices are packed for oneDNN
     (:func:`pack_cpu`); the embedding stays a plain matrix for the lookup, so
     a tied LM head is held twice. ``pack=False`` keeps every matrix plain
@@ -247,15 +311,14 @@ class LlamaWeights:
         tensors: Mapping[str, torch.Tensor],
         dtype: torch.dtype,
         device: str,
-        int8: bool = False,
+        quant: str | None = None,
         pack: bool = True,
     ):
         self.cfg = cfg
         self.dtype = dtype
         self.device = torch.device(device)
-        self.int8 = int8
-        if int8 and dtype != torch.bfloat16:
-            raise CheckpointError("int8 weight-only compute runs with bfloat16 activations")
+        _check_quant(quant, dtype, self.device)
+        int8 = quant is not None  # int4: the embedding and LM head int8
         self.packed = pack = pack and not int8 and packs(dtype, self.device.type)
 
         def raw(name: str) -> torch.Tensor:
@@ -271,7 +334,14 @@ class LlamaWeights:
             return pack_cpu(w) if pack and isinstance(w, torch.Tensor) else w
 
         def mat(*names: str) -> Weight:
+            """A layer's matrix: ``names`` stacked (fused q/k/v, gate/up)."""
+            if quant == "int4":
+                return int4_weight(torch.cat([as_float(n) for n in names]), names[0], dtype)
             return packed(dense(*names))
+
+        def as_float(name: str) -> torch.Tensor:
+            t = raw(name)
+            return t.float() * raw(name + "_scale").float()[:, None] if t.dtype == torch.int8 else t
 
         def dense(*names: str) -> Weight:
             parts = []
@@ -297,7 +367,7 @@ class LlamaWeights:
         self.embed = dense(EMBEDDING)  # [vocab, hidden]
         self.layers: list[_Layer] = []
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
+            p = f"{LAYERS}{i}."
             biases = [maybe_vec(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
             self.layers.append(
                 _Layer(
@@ -315,7 +385,7 @@ class LlamaWeights:
         if self.tied:
             self.lm_head = packed(self.embed)
         else:
-            self.lm_head = mat(LM_HEAD)  # [vocab, hidden]
+            self.lm_head = packed(dense(LM_HEAD))  # [vocab, hidden]
         inv_freq = _rope_inv_freq(cfg)
         # PAD_POSITIONS more rows: padding rows of a static-shape pass continue past the last real position.
         pos = torch.arange(cfg.max_position_embeddings + PAD_POSITIONS, dtype=torch.float64)

@@ -2,7 +2,9 @@
 
 Precision ``auto`` runs what the checkpoint says: an int8 checkpoint (int8
 tensors, or ``trtspec_quantization`` in ``config.json``) as weight-only int8
-with bfloat16 activations, anything else in float32 on CPU and bfloat16 on CUDA.
+with bfloat16 activations, anything else in float32 on CPU and bfloat16 on
+CUDA. ``int4`` (asked for; CPU only) quantizes the layers' matrices from the
+float weights on load (``llama.quantize_int4``), the embedding and LM head to int8.
 
 Shapes (lean runtime, :mod:`trtspec.runtime.torch.shapes`): ``exact`` makes
 every pass the same number of rows, so speculation changes no bit of the
@@ -41,9 +43,10 @@ from trtspec.runtime.torch.llama import (
 )
 from trtspec.runtime.torch.shapes import EXACT_ROWS, GRAPH_ROWS, GraphStats, ShapePlan
 
-Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+Precision = Literal["auto", "fp32", "bf16", "fp16", "int8", "int4"]
 Impl = Literal["auto", "lean", "hf"]
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+QUANTIZED = ("int8", "int4")  # weight-only precisions: bfloat16 activations, the lean runtime only
 QUANT_KEY = "trtspec_quantization"
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -53,7 +56,7 @@ class LoadedModel:
     lm: LeanLlamaLM | HFCausalLM
     tokenizer: Tokenizer
     path: Path  # the HF directory actually loaded (a converted GGUF lands in the cache)
-    precision: str  # fp32 | bf16 | fp16 | int8
+    precision: str  # fp32 | bf16 | fp16 | int8 | int4
     impl: str  # lean | hf
     config: dict = field(repr=False, default_factory=dict)
     load_time_s: float = 0.0
@@ -181,14 +184,14 @@ def _has_int8_tensors(path: Path) -> bool:
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype a model computes in at ``precision`` (resolved, not ``auto``): int8 weights run with
     bfloat16 activations."""
-    return torch.bfloat16 if precision == "int8" else _DTYPES[precision]
+    return torch.bfloat16 if precision in QUANTIZED else _DTYPES[precision]
 
 
 def weights_packed(cfg: dict, precision: str, device: str) -> bool:
     """Whether :func:`load_model` packs the model's matrices (``precision`` resolved): then a tied LM
     head is held twice, the embedding plain for the lookup and the head packed
     (:func:`~trtspec.runtime.torch.llama.packs`; int8 matrices never are)."""
-    return lean_runs(cfg) and precision != "int8" and packs(compute_dtype(precision), torch.device(device).type)
+    return lean_runs(cfg) and precision not in QUANTIZED and packs(compute_dtype(precision), torch.device(device).type)
 
 
 def argmax_head_bytes(cfg: dict, precision: str, device: str, tied: bool) -> int:
@@ -236,8 +239,8 @@ def load_model(
         impl = "lean" if lean_ok else "hf"
     if impl == "lean" and not lean_ok:
         raise CheckpointError(f"the lean runtime runs {SUPPORTED_ARCHITECTURES}; {hf_dir} is {archs}")
-    if precision == "int8" and impl != "lean":
-        raise CheckpointError("int8 weight-only runs on the lean runtime only (Llama-family checkpoints)")
+    if precision in QUANTIZED and impl != "lean":
+        raise CheckpointError(f"{precision} weight-only runs on the lean runtime only (Llama-family checkpoints)")
     if impl != "lean" and (exact or graphs):
         raise CheckpointError("exact mode and CUDA graphs run on the lean runtime only (Llama-family checkpoints)")
     if graphs and not dev.startswith("cuda"):
@@ -249,7 +252,8 @@ def load_model(
     if impl == "lean":
         lcfg = LlamaConfig.from_hf(cfg)
         tensors = read_tensors(hf_dir)
-        weights = LlamaWeights(lcfg, tensors, compute_dtype(precision), dev, int8=precision == "int8")
+        quant = precision if precision in QUANTIZED else None
+        weights = LlamaWeights(lcfg, tensors, compute_dtype(precision), dev, quant=quant)
         del tensors
         plan = ShapePlan(exact_rows=EXACT_ROWS if exact else None, rows_buckets=GRAPH_ROWS if graphs else ())
         lm: LeanLlamaLM | HFCausalLM = LeanLlamaLM(weights, max_context=max_context, plan=plan, graphs=graphs)
