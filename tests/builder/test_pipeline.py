@@ -131,6 +131,24 @@ def test_changed_options_or_tampered_artefacts_rebuild(tiny_options, tmp_path: P
     assert not healed.reused and json.loads(tampered.read_text()) != {}
 
 
+def test_int4_draft_is_the_float_checkpoint_served_at_int4(tiny_options, tiny_draft: Path, tmp_path: Path,
+                                                           monkeypatch) -> None:
+    r = run_build(tiny_options(tmp_path, draft_quant="int4"))
+    q = r.quantization
+    assert q is not None and q.precision_before == "fp32" and q.precision_after == "int4"
+    assert q.acceptance_after is not None and q.acceptance_after.drafted_tokens > 0
+    assert r.manifest.quantization.draft["method"] == "int4_weight_only"
+    assert r.manifest.build_options["draft_quant"] == "int4" and r.manifest.models["draft"].precision == "int4"
+    # the float weights as given, run at int4 by the server: what it holds is what was measured and planned
+    assert sha256_file(r.engine_dir / "draft" / "model.safetensors") == sha256_file(tiny_draft / "model.safetensors")
+    assert repo_params(r.model_repo, "draft")["precision"] == "int4"
+    served = load_model(r.engine_dir / "draft", "int4")
+    assert served.weight_bytes == q.weight_bytes_after == r.memory_plan.draft.weight_bytes
+    monkeypatch.setattr("trtspec.builder.pipeline.resolve_device", lambda _device: "cuda")  # no GPU here
+    with pytest.raises(BuildError, match="--draft-quant int4 runs on the CPU.*serves on cuda: use --draft-quant int8"):
+        run_build(tiny_options(tmp_path / "gpu", draft_quant="int4", device_memory_bytes=80 * GiB))
+
+
 def test_draft_without_quantization(tiny_options, tiny_draft: Path, tmp_path: Path) -> None:
     r = run_build(tiny_options(tmp_path, draft_quant="none"))
     assert r.quantization is None and r.manifest.quantization.draft == {"method": "none"}
@@ -248,6 +266,8 @@ def test_bad_options_are_refused(tiny_options, tmp_path: Path) -> None:
         (dict(name="../escape"), "--name"),
         (dict(max_sessions=0), "max-sessions"),
         (dict(max_context=1), "max-context"),
+        (dict(draft_quant="int2"), "--draft-quant must be int8, int4 or none, got 'int2'"),
+        (dict(draft_quant="int4", backend="trtllm"), "--draft-quant int4 is the torch runtime's"),
     ):
         with pytest.raises(BuildError, match=message):
             run_build(tiny_options(tmp_path, **overrides))

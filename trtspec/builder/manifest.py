@@ -75,7 +75,7 @@ class ModelEntry(BaseModel):
     source_sha256: str  # over the source's files (names and contents)
     path: str  # its artefacts, relative to the engine directory
     architecture: str
-    precision: str  # what the server runs it at: fp32 | bf16 | int8 (torch); bfloat16 | w8a16 (trtllm)
+    precision: str  # what the server runs it at: fp32 | bf16 | int8 | int4 (torch); bfloat16 | w8a16 (trtllm)
     weight_bytes: int  # as the runtime holds them
     kv_bytes_per_token: int
     max_context: int

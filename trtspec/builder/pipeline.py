@@ -58,7 +58,7 @@ from trtspec.builder.memory import (
     runtime_weight_bytes,
 )
 from trtspec.builder.quantize import (
-    INT8_SPEC,
+    QUANT_SPECS,
     ProbeSettings,
     QuantReport,
     copy_side_files,
@@ -111,7 +111,7 @@ class BuildOptions:
     model_repo: Path | None = Path("model_repo")  # None: do not write one
     model_name: str = SPEC_DECODE  # the name spec_decode is served under
     backend: Literal["torch", "trtllm"] = "torch"
-    draft_quant: Literal["int8", "none"] = "int8"
+    draft_quant: Literal["int8", "int4", "none"] = "int8"  # int4: the torch backend on a CPU
     max_draft_len: int = SpecDecodeParams.draft_length  # k, for the free drafters too
     default_drafter: str | None = None  # model | ngram | suffix | auto; None: default_drafter_for(a draft given)
     policy_file: Path | None = None
@@ -144,8 +144,11 @@ class BuildOptions:
                              "for the torch backend only")
         if self.draft is None and self.default_drafter == "model":
             raise BuildError("--default-drafter model needs a draft model: pass --draft, or choose ngram, suffix or auto")
-        if self.draft_quant not in ("int8", "none"):
-            raise BuildError(f"--draft-quant must be int8 or none, got {self.draft_quant!r}")
+        if self.draft_quant not in ("int8", "int4", "none"):
+            raise BuildError(f"--draft-quant must be int8, int4 or none, got {self.draft_quant!r}")
+        if self.draft_quant == "int4" and self.backend == "trtllm":
+            raise BuildError("--draft-quant int4 is the torch runtime's (CPU); --backend trtllm builds the "
+                             "draft as W8A16 (int8) or as it is (none)")
         if not 1 <= self.max_draft_len <= 64:
             raise BuildError(f"--max-draft-len must be in [1, 64], got {self.max_draft_len}")
         if self.max_sessions < 1:
@@ -370,6 +373,8 @@ class _Ctx:
 
     @property
     def int8(self) -> bool:
+        """An int8 draft: written here (torch) or built as W8A16 (TensorRT-LLM); an int4 draft is the
+        float checkpoint, quantized by the runtime at load."""
         return self.opts.applied_draft_quant == "int8"
 
     @property
@@ -529,6 +534,11 @@ def _target_precision(opts: BuildOptions, cfg: dict, src: Path, device: str) -> 
 
 def _draft_precision(opts: BuildOptions, cfg: dict, src: Path, device: str, notes: list[str]) -> str:
     """What the server will run the draft at."""
+    if opts.draft_quant == "int4":
+        if device != "cpu":
+            raise BuildError(f"--draft-quant int4 runs on the CPU (torch's int4 CPU kernel); this build serves "
+                             f"on {device}: use --draft-quant int8")
+        return "int4"
     int8 = opts.draft_quant == "int8"
     if opts.backend == "trtllm":
         return "w8a16" if int8 else trtllm.ENGINE_DTYPE
@@ -542,31 +552,36 @@ def _draft_precision(opts: BuildOptions, cfg: dict, src: Path, device: str, note
 
 
 def _quantize(ctx: _Ctx) -> QuantReport | None:
-    """Step 2: write the int8 draft (torch backend) and measure what INT8 costs."""
+    """Step 2: write the int8 draft (torch backend) and measure what quantization costs (int8, or
+    int4: quantized by the server at load, measured here the same way)."""
     rep, opts = ctx.rep, ctx.opts
-    if ctx.draft is None:
+    quant = opts.applied_draft_quant
+    if quant is None:
         rep.skip("quantize", "no draft model: nothing to quantize, no acceptance probe")
         return None
-    if not ctx.int8:
+    if quant == "none":
         rep.skip("quantize", "--draft-quant none: the draft is used as it is")
         return None
     if ctx.prev is not None and ctx.prev.quantization.report is not None:
-        rep.skip("quantize", "inputs unchanged: reusing the int8 draft and its measured figures")
+        rep.skip("quantize", f"inputs unchanged: reusing the {quant} draft and its measured figures")
         return QuantReport.from_dict(ctx.prev.quantization.report)
     with rep.step("quantize") as rec:
         say = rep.say("quantize")
         probe = replace(opts.probe, k=opts.max_draft_len)
-        if opts.backend == "torch" and not opts.dry_run:
+        if quant == "int4":
+            say("the int4 draft is quantized by the runtime at load (groups of 32 inputs); measuring what it costs")
+            report = measure_quantization(ctx.target.src, ctx.draft.src, None, probe, say, precision="int4")
+        elif opts.backend == "torch" and not opts.dry_run:
             say("writing the int8 weight-only draft (per output channel, symmetric)")
             written = write_int8_checkpoint(ctx.draft.src, ctx.engine_dir / "draft")
             say(f"{written.quantized_matrices} matrices quantized; measuring what it cost")
-            quant = measure_quantization(ctx.target.src, ctx.draft.src, written.path, probe, say)
+            report = measure_quantization(ctx.target.src, ctx.draft.src, written.path, probe, say)
         else:
             # TensorRT-LLM quantizes at engine build (W8A16: the same per-channel symmetric int8); the
             # cost is measured with the torch runtime quantizing the same way in memory.
-            quant = measure_quantization(ctx.target.src, ctx.draft.src, None, probe, say)
-        rec.detail = _quant_summary(quant)
-    return quant
+            report = measure_quantization(ctx.target.src, ctx.draft.src, None, probe, say)
+        rec.detail = _quant_summary(report)
+    return report
 
 
 def _engine_specs(ctx: _Ctx) -> tuple[trtllm.EngineSpec, ...]:
@@ -688,7 +703,8 @@ def _draft_scheme(ctx: _Ctx) -> dict | None:
     """The draft's quantization as the manifest records it; None without a draft model."""
     if ctx.draft is None:
         return None
-    return dict(INT8_SPEC) if ctx.int8 else {"method": "none"}
+    quant = ctx.opts.applied_draft_quant
+    return dict(QUANT_SPECS[quant]) if quant in QUANT_SPECS else {"method": "none"}
 
 
 def _trtllm_models(ctx: _Ctx) -> list[trtllm.TrtllmModelConfig]:

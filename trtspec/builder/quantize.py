@@ -1,4 +1,4 @@
-"""The INT8 draft: write it, and measure what quantization cost.
+"""The quantized draft: INT8 (written) or INT4 (quantized at load), and what quantization cost.
 
 Scheme (the same as :func:`trtspec.runtime.torch.llama.quantize_int8`):
 weight-only, per output channel, symmetric. Every 2-D weight ``W [out, in]``
@@ -7,6 +7,11 @@ of the checkpoint (embedding and LM head included) is stored as an int8 tensor
 holding ``s [out] = max|W_row| / 127``; norms and biases stay float32. The
 torch runtime runs it with bfloat16 activations (CPU). ``config.json`` carries
 ``trtspec_quantization``, so ``load_model(path)`` picks int8 by itself.
+
+INT4 (``--draft-quant int4``, the torch runtime on a CPU): the draft's float
+checkpoint is kept as it is and served at precision ``int4``, which quantizes
+the layers' matrices at load (:func:`trtspec.runtime.torch.llama.quantize_int4`:
+asymmetric, groups of 32 inputs), the embedding and LM head to int8 as above.
 
 What it cost is measured, not assumed: weight bytes as the runtime holds them
 before and after, and the draft's greedy acceptance against the target on a
@@ -26,7 +31,7 @@ from pathlib import Path
 import torch
 
 from trtspec.builder.errors import BuildError
-from trtspec.runtime.torch.llama import SUPPORTED_ARCHITECTURES, lean_runs, quantize_int8
+from trtspec.runtime.torch.llama import INT4_GROUP, SUPPORTED_ARCHITECTURES, lean_runs, quantize_int8
 from trtspec.runtime.torch.loader import QUANT_KEY, LoadedModel, load_model, read_config, read_tensors
 from trtspec.decoding import AcceptanceRatios, FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
 
@@ -45,6 +50,15 @@ INT8_SPEC = {
     "activations": "bfloat16",
     "storage": "int8 tensor NAME + float32 tensor NAME_scale [out]",
 }
+INT4_SPEC = {
+    "method": "int4_weight_only",
+    "granularity": f"per group of {INT4_GROUP} inputs (the layers' matrices); embedding and LM head int8 per output channel",
+    "symmetric": False,
+    "bits": 4,
+    "activations": "bfloat16",
+    "storage": "the float checkpoint; quantized when the runtime loads it (precision int4, CPU)",
+}
+QUANT_SPECS = {"int8": INT8_SPEC, "int4": INT4_SPEC}
 
 
 @dataclass(frozen=True)
@@ -211,7 +225,7 @@ def measure_acceptance(
 
 @dataclass(frozen=True)
 class QuantReport:
-    """What INT8 did to the draft: memory saved, acceptance lost (or not)."""
+    """What quantization (INT8 or INT4) did to the draft: memory saved, acceptance lost (or not)."""
 
     precision_before: str
     precision_after: str
@@ -262,20 +276,22 @@ def measure_quantization(
     draft_int8: Path | None,
     probe: ProbeSettings,
     say: Say = lambda _m: None,
+    precision: str = "int8",
 ) -> QuantReport:
-    """Compare the draft in float with its int8 form, on CPU with the torch runtime.
+    """Compare the draft in float with its quantized form (``precision``: int8 or int4), on CPU with
+    the torch runtime.
 
     ``draft_int8``: the written int8 checkpoint (loaded as the server will:
     precision ``auto``, which must resolve to int8); ``None`` quantizes
-    ``draft_float`` in memory with the same scheme (the TensorRT-LLM path,
-    whose W8A16 is also per-channel symmetric int8).
+    ``draft_float`` in memory at ``precision``: int4 as the server does, and
+    int8 with the same scheme as TensorRT-LLM's W8A16 (per-channel symmetric).
     """
     say("loading the draft in float")
     before = load_model(draft_float, "fp32", device="cpu")
-    say("loading the int8 draft")
-    after = load_model(draft_int8, "auto", device="cpu") if draft_int8 else load_model(draft_float, "int8", device="cpu")
-    if after.precision != "int8":
-        raise BuildError(f"the int8 draft at {draft_int8} loads as {after.precision}, not int8")
+    say(f"loading the {precision} draft")
+    after = load_model(draft_int8, "auto", device="cpu") if draft_int8 else load_model(draft_float, precision, device="cpu")
+    if after.precision != precision:
+        raise BuildError(f"the {precision} draft at {draft_int8} loads as {after.precision}, not {precision}")
     fig_before = fig_after = None
     if probe.num_prompts > 0:
         prompts = load_probe_prompts(probe.prompts_file)[: probe.num_prompts]

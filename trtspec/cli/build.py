@@ -22,6 +22,7 @@ class Backend(str, enum.Enum):
 
 class DraftQuant(str, enum.Enum):
     int8 = "int8"
+    int4 = "int4"
     none = "none"
 
 
@@ -30,9 +31,9 @@ def build(
     draft: Annotated[Path | None, typer.Option(
         "--draft", help="Draft checkpoint: HF dir or .gguf. Without one the target is served alone, drafting with n-gram/suffix lookups.")] = None,
     demo: Annotated[bool, typer.Option(
-        "--demo", help="SmolLM2-135M-Instruct as target, and as draft its INT8 copy made by this build.")] = False,
+        "--demo", help="SmolLM2-135M-Instruct as target, and as draft its quantized copy (--draft-quant) made by this build.")] = False,
     backend: Annotated[Backend, typer.Option("--backend", help="torch: the torch runtime; trtllm: TensorRT-LLM engines.")] = Backend.torch,
-    draft_quant: Annotated[DraftQuant, typer.Option("--draft-quant", help="int8: weight-only INT8 draft; none: as is.")] = DraftQuant.int8,
+    draft_quant: Annotated[DraftQuant, typer.Option("--draft-quant", help="int8: weight-only INT8 draft; int4: weight-only INT4 layers (torch runtime, CPU; quantized at load); none: as is.")] = DraftQuant.int8,
     max_draft_len: Annotated[int, typer.Option("--max-draft-len", help="Most draft tokens per iteration (any drafter).")] = SpecDecodeParams.draft_length,
     default_drafter: Annotated[DrafterKind | None, typer.Option(
         "--default-drafter", help="What drafts for requests that name no drafter (default: model with --draft, ngram without).")] = None,
@@ -66,7 +67,7 @@ def build(
         with domain_errors():
             pair = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
         # The demo's draft is the target itself, quantized by this build (prepare_demo's own int8 copy is
-        # the same numbers); the before/after figures then show exactly what INT8 costs.
+        # the same numbers as INT8); the before/after figures then show exactly what quantization costs.
         target, draft = pair.target, pair.target
         name = name or "demo"
     if target is None:
@@ -161,7 +162,7 @@ def _print_summary(r) -> None:  # r: trtspec.builder.pipeline.BuildResult
                f"requests that name no drafter draft with {r.default_drafter}")
     q = r.quantization
     if q is not None:
-        out.append(f"  draft INT8:  weights {_mib(q.weight_bytes_before)} ({q.precision_before}) -> "
+        out.append(f"  draft {q.precision_after.upper()}:  weights {_mib(q.weight_bytes_before)} ({q.precision_before}) -> "
                    f"{_mib(q.weight_bytes_after)} ({q.precision_after}), {q.weight_ratio:.1%} of before")
         if q.acceptance_before and q.acceptance_after:
             b, a = q.acceptance_before, q.acceptance_after
