@@ -4,11 +4,13 @@ Hugging Face assisted generation, on the demo pair, in ONE run.
 
     python scripts/bench_core.py                  # 24 prompts x 64 tokens, table + JSON
     python scripts/bench_core.py --prompts 8 --max-tokens 48 --json-out results/core.json
+    python scripts/bench_core.py --draft-precision int4   # the draft's layers in int4, from the float weights
 
 Prints, side by side (all greedy, same prompts, same token budget):
-  - target alone (our runtime, fp32), our speculative loop (INT8 draft, k fixed),
+  - target alone (our runtime, fp32), our speculative loop (the INT8 draft, or INT4, k fixed),
   - HF ``generate()`` target alone and HF ``generate(assistant_model=...)`` with the
-    same two weight sets (HF runs the draft's dequantized int8 weights in bf16),
+    same two weight sets (HF runs the draft's weights as stored, in bf16: the INT8
+    draft's dequantized, or with ``--draft-precision int4`` the float target's),
 tokens/s, speedup over our target alone, acceptance rate and per position, the
 measured cost ratio c = draft step / target step, the verify-cost curve V(k)/V(1),
 Leviathan's predicted speedup and our efficiency = measured / predicted.
@@ -112,13 +114,17 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=5, help="draft length of our loop")
     ap.add_argument("--sweep", default="2,3,4,5,6,8", help="k values for the sweep (on the first 6 prompts)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face runs")
+    ap.add_argument("--draft-precision", choices=("int8", "int4"), default="int8",
+                    help="int8: the demo's INT8 draft; int4: the target's float weights (the GGUF's Q4_1, "
+                         "dequantized) with the layers' matrices in int4 (CPU), embedding and head in int8")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
 
     torch.manual_seed(0)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     paths = prepare_demo(progress=say)
-    pair = load_pair(paths.target, paths.draft, progress=say)
+    draft_src = paths.target if args.draft_precision == "int4" else paths.draft
+    pair = load_pair(paths.target, draft_src, draft_precision=args.draft_precision, progress=say)
     tok = pair.target.tokenizer
     eos = tok.eos_token_ids()
     prompts = benchmark_prompts()[: args.prompts]
@@ -154,7 +160,7 @@ def main() -> int:
     pred_v = leviathan_speedup(alpha, args.k, costs["c"], costs["verify_ratio"][args.k + 1])
     measured = (spec["tokens"] / spec["time_s"]) / tps_base
     identical = sum(a == b for a, b in zip(spec["outputs"], base["outputs"]))
-    row(f"ours: speculative k={args.k} (INT8 draft)", spec, {
+    row(f"ours: speculative k={args.k} ({args.draft_precision.upper()} draft)", spec, {
         "acceptance_rate": round(s.acceptance_rate or 0, 4),
         "alpha_mle": round(alpha, 4),
         "mean_acceptance_length": round(s.mean_acceptance_length or 0, 3),
@@ -170,7 +176,7 @@ def main() -> int:
         hf_logging.set_verbosity_error()
         say("HF: loading target (fp32) and assistant (draft weights, bf16)")
         target_hf = AutoModelForCausalLM.from_pretrained(str(paths.target), dtype=torch.float32).eval()
-        draft_hf = AutoModelForCausalLM.from_pretrained(str(paths.draft), dtype=torch.bfloat16).eval()
+        draft_hf = AutoModelForCausalLM.from_pretrained(str(draft_src), dtype=torch.bfloat16).eval()
         run_hf(target_hf, None, prompts_ids[:1], 8, eos)
         say("HF: target alone")
         hf["target"] = run_hf(target_hf, None, prompts_ids, args.max_tokens, eos)
@@ -206,6 +212,7 @@ def main() -> int:
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "k": args.k,
+        "draft_precision": args.draft_precision,
         "threads": torch.get_num_threads(),
         "cpu": cpu_name(),
         "weights_bytes": {"target": pair.target.weight_bytes, "draft": pair.draft.weight_bytes},

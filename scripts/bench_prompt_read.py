@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """What reading a prompt costs the demo pair: one pass of n tokens from an empty cache, the INT8
-draft both ways (``_weight_int8pack_mm``, and dequantized into a bf16 matmul) and the fp32 target.
+draft both ways (``_weight_int8pack_mm``, and dequantized into a bf16 matmul), the INT4 draft
+(the target's float weights at precision int4: its kernel at every row count) and the fp32 target.
 
     python scripts/bench_prompt_read.py                      # 2 threads and 1, n = 4..1000
     python scripts/bench_prompt_read.py --threads 2 --rows 8,12,16 --json-out results/read.json
@@ -24,6 +25,7 @@ from trtspec.bench.inprocess import cpu_name, write_json
 from trtspec.runtime.demo import prepare_demo
 from trtspec.runtime.pair import load_pair
 from trtspec.runtime.torch import llama
+from trtspec.runtime.torch.loader import load_model
 
 TEXT = "The quick brown fox jumps over the lazy dog while the committee reviews the budget. "
 
@@ -40,13 +42,14 @@ def read_ms(lm, ids: list[int], reps: int) -> float:
     return best * 1e3
 
 
-def measure(pair, ids: list[int], rows: list[int], reps: int) -> list[dict]:
+def measure(pair, int4_draft, ids: list[int], rows: list[int], reps: int) -> list[dict]:
     out = []
     for n in rows:
         row = {"rows": n}
         for name, dequant in (("draft_int8pack_ms", False), ("draft_dequantized_ms", True)):
             llama._CPU_BF16 = dequant  # with DEQUANT_ROWS 2: the layers one way or the other, the 1-row head int8
             row[name] = round(read_ms(pair.draft.lm, ids[:n], reps), 1)
+        row["draft_int4_ms"] = round(read_ms(int4_draft.lm, ids[:n], reps), 1)
         row["target_ms"] = round(read_ms(pair.target.lm, ids[:n], reps), 1)
         say(f"  {n} rows: {row}")
         out.append(row)
@@ -70,18 +73,19 @@ def main() -> int:
     hardware_bf16 = llama.cpu_bf16_matmul()
     paths = prepare_demo(progress=say)
     pair = load_pair(paths.target, paths.draft, progress=say)
+    int4_draft = load_model(paths.target, "int4", device="cpu")
     ids = pair.target.tokenizer.encode_prompt(TEXT * (rows[-1] // 16 + 1))
     if len(ids) < rows[-1]:
         ap.error(f"the text has {len(ids)} tokens, fewer than {rows[-1]}")
     summary = {"cpu": cpu_name(), "bf16_in_hardware": hardware_bf16, "dequant_rows": llama.DEQUANT_ROWS,
                "reps": args.reps, "runs": []}
     llama.DEQUANT_ROWS = 2
-    for lm in (pair.draft.lm, pair.target.lm):  # warm-up
+    for lm in (pair.draft.lm, int4_draft.lm, pair.target.lm):  # warm-up
         read_ms(lm, ids[: rows[0]], 2)
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         say(f"{threads} thread(s)")
-        summary["runs"].append({"threads": threads, "rows": measure(pair, ids, rows, args.reps)})
+        summary["runs"].append({"threads": threads, "rows": measure(pair, int4_draft, ids, rows, args.reps)})
     llama._CPU_BF16, llama.DEQUANT_ROWS = hardware_bf16, summary["dequant_rows"]
     write_json(args.json_out, summary)
     _print_tables(summary)
@@ -95,11 +99,11 @@ def _print_tables(s: dict) -> None:
     con = Console()
     for run in s["runs"]:
         t = Table(title=f"one pass of n prompt tokens, ms, least of {s['reps']} ({s['cpu']}, {run['threads']} thread(s))")
-        for col in ("n", "draft int8 kernel", "draft dequantized", "target fp32"):
+        for col in ("n", "draft int8 kernel", "draft dequantized", "draft int4", "target fp32"):
             t.add_column(col)
         for r in run["rows"]:
             t.add_row(str(r["rows"]), f"{r['draft_int8pack_ms']:.1f}", f"{r['draft_dequantized_ms']:.1f}",
-                      f"{r['target_ms']:.1f}")
+                      f"{r['draft_int4_ms']:.1f}", f"{r['target_ms']:.1f}")
         con.print(t)
     way = "dequantizes" if s["bf16_in_hardware"] else "keeps the int8 kernel (no bf16 in hardware)"
     con.print(f"this CPU: the runtime {way} from {s['dequant_rows']} rows on")
