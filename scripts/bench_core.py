@@ -123,7 +123,7 @@ def main() -> int:
     torch.manual_seed(0)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     paths = prepare_demo(progress=say)
-    draft_src = paths.target if args.draft_precision == "int4" else paths.draft
+    draft_src = paths.draft_at(args.draft_precision)
     pair = load_pair(paths.target, draft_src, draft_precision=args.draft_precision, progress=say)
     tok = pair.target.tokenizer
     eos = tok.eos_token_ids()

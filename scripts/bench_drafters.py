@@ -26,6 +26,7 @@ prompt's time moves by up to 10% between runs of the same work on a shared machi
 move a 24-prompt ratio by 2-4% from run to run.
 
     python scripts/bench_drafters.py --no-hf --repeats 3     # the goals, measured with less noise
+    python scripts/bench_drafters.py --draft-precision int4  # the draft model at int4 (CPU), from the target's weights
 """
 
 from __future__ import annotations
@@ -101,13 +102,13 @@ def progress(name: str, r: dict) -> None:
     say(f"  {name}: {r['tokens']} tokens in {r['time_s']:.1f} s = {r['tokens'] / r['time_s']:.2f} tokens/s{extra}")
 
 
-def run_peers(paths, prompts_ids, max_tokens, eos, k) -> dict[str, dict]:
+def run_peers(paths, draft_precision, prompts_ids, max_tokens, eos, k) -> dict[str, dict]:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     target_hf = AutoModelForCausalLM.from_pretrained(str(paths.target), dtype=torch.float32).eval()
-    draft_hf = AutoModelForCausalLM.from_pretrained(str(paths.draft), dtype=torch.bfloat16).eval()
+    draft_hf = AutoModelForCausalLM.from_pretrained(str(paths.draft_at(draft_precision)), dtype=torch.bfloat16).eval()
     run_hf(target_hf, None, prompts_ids[:1], 8, eos)  # warm-up
     out = {}
     out["HF off"] = run_hf(target_hf, None, prompts_ids, max_tokens, eos)
@@ -161,6 +162,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="fresh passes of our systems; each prompt's time is the least of its passes")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    ap.add_argument("--draft-precision", choices=("int8", "int4"), default="int8",
+                    help="the draft model: the demo's INT8 copy, or the target's float weights at int4 (CPU)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     if args.repeats < 1:
@@ -171,18 +174,20 @@ def main() -> int:
 
     torch.manual_seed(0)
     paths = prepare_demo(progress=say)
-    pair = load_pair(paths.target, paths.draft, progress=say)
+    pair = load_pair(paths.target, paths.draft_at(args.draft_precision), draft_precision=args.draft_precision,
+                     progress=say)
     tok = pair.target.tokenizer
     eos = tok.eos_token_ids()
     run_loop(pair.decoder(), [tok.encode_prompt("Hello")], 8, eos, lambda _r: FixedDraftLength(args.k))  # warm-up
     summary = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "max_tokens": args.max_tokens, "k": args.k,
+               "draft_precision": args.draft_precision,
                "repeats": args.repeats, "workloads": {}}
     for workload in args.workloads.split(","):
         prompts = WORKLOADS[workload]()[: args.prompts]
         ids = [tok.encode_prompt(p) for p in prompts]
         say(f"{workload}: {len(prompts)} prompts x {args.max_tokens} tokens")
         ours = run_ours(pair, ids, args.max_tokens, eos, args.k, args.repeats)
-        peers = {} if args.no_hf else run_peers(paths, ids, args.max_tokens, eos, args.k)
+        peers = {} if args.no_hf else run_peers(paths, args.draft_precision, ids, args.max_tokens, eos, args.k)
         rows = rows_of(ours, peers, len(prompts))
         summary["workloads"][workload] = {"prompts": len(prompts), "rows": rows, "goal": goals(workload, rows)}
     write_json(args.json_out, summary)

@@ -55,6 +55,11 @@ class DemoPair:
     def to_dict(self) -> dict[str, str]:
         return {"target": str(self.target), "draft": str(self.draft)}
 
+    def draft_at(self, precision: str) -> Path:
+        """Where the draft at ``precision`` loads from: the INT8 copy, or for ``int4`` the target's float
+        weights (the GGUF's Q4_1, which int4 holds as they are)."""
+        return self.target if precision == "int4" else self.draft
+
 
 def demo_dir() -> Path:
     return cache_dir() / "demo"
