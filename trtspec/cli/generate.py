@@ -63,7 +63,7 @@ def generate(
 
         with domain_errors():
             pair_paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
-        target, draft = pair_paths.target, pair_paths.draft
+        target, draft = pair_paths.target, pair_paths.draft_at(draft_precision)
     if target is None:
         fail("--target (or --demo) is required")
     if k < 0:
