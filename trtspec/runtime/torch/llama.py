@@ -318,74 +318,13 @@ class LlamaWeights:
         self.dtype = dtype
         self.device = torch.device(device)
         _check_quant(quant, dtype, self.device)
-        int8 = quant is not None  # int4: the embedding and LM head int8
-        self.packed = pack = pack and not int8 and packs(dtype, self.device.type)
-
-        def raw(name: str) -> torch.Tensor:
-            t = tensors.get(name)
-            if t is None:
-                raise CheckpointError(f"checkpoint lacks tensor {name!r}")
-            return t
-
-        def vec(name: str) -> torch.Tensor:
-            return raw(name).to(device=self.device, dtype=dtype).contiguous()
-
-        def packed(w: Weight) -> Weight:
-            return pack_cpu(w) if pack and isinstance(w, torch.Tensor) else w
-
-        def mat(*names: str) -> Weight:
-            """A layer's matrix: ``names`` stacked (fused q/k/v, gate/up)."""
-            if quant == "int4":
-                return int4_weight(torch.cat([as_float(n) for n in names]), names[0], dtype)
-            return packed(dense(*names))
-
-        def as_float(name: str) -> torch.Tensor:
-            t = raw(name)
-            return t.float() * raw(name + "_scale").float()[:, None] if t.dtype == torch.int8 else t
-
-        def dense(*names: str) -> Weight:
-            parts = []
-            for name in names:
-                t = raw(name)
-                if t.dtype == torch.int8:
-                    parts.append((t, raw(name + "_scale").float()))
-                elif int8:
-                    parts.append(quantize_int8(t))
-                else:
-                    parts.append((t, None))
-            if all(sc is None for _, sc in parts):
-                return torch.cat([t for t, _ in parts]).to(device=self.device, dtype=dtype).contiguous()
-            if not int8:  # pre-quantized checkpoint run in a float dtype: dequantize
-                return torch.cat([t.float() * sc[:, None] for t, sc in parts]).to(self.device, dtype).contiguous()
-            q = torch.cat([t for t, _ in parts]).to(self.device).contiguous()
-            scale = torch.cat([sc for _, sc in parts]).to(self.device, dtype)
-            return Int8Weight(q=q, scale=scale)
-
-        def maybe_vec(name: str) -> torch.Tensor | None:
-            return vec(name) if name in tensors else None
-
-        self.embed = dense(EMBEDDING)  # [vocab, hidden]
-        self.layers: list[_Layer] = []
-        for i in range(cfg.num_layers):
-            p = f"{LAYERS}{i}."
-            biases = [maybe_vec(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-            self.layers.append(
-                _Layer(
-                    attn_norm=vec(p + "input_layernorm.weight"),
-                    w_qkv=mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
-                    b_qkv=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
-                    w_o=mat(p + "self_attn.o_proj.weight"),
-                    mlp_norm=vec(p + "post_attention_layernorm.weight"),
-                    w_gate_up=mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                    w_down=mat(p + "mlp.down_proj.weight"),
-                )
-            )
-        self.norm = vec("model.norm.weight")
+        r = _Reader(tensors, dtype, self.device, quant, pack)
+        self.packed = r.pack
+        self.embed = r.dense(EMBEDDING)  # [vocab, hidden]
+        self.layers = [r.layer(f"{LAYERS}{i}.") for i in range(cfg.num_layers)]
+        self.norm = r.vec("model.norm.weight")
         self.tied = head_tied(cfg.tie_word_embeddings, tensors)
-        if self.tied:
-            self.lm_head = packed(self.embed)
-        else:
-            self.lm_head = packed(dense(LM_HEAD))  # [vocab, hidden]
+        self.lm_head = r.packed(self.embed if self.tied else r.dense(LM_HEAD))  # [vocab, hidden]
         inv_freq = _rope_inv_freq(cfg)
         # PAD_POSITIONS more rows: padding rows of a static-shape pass continue past the last real position.
         pos = torch.arange(cfg.max_position_embeddings + PAD_POSITIONS, dtype=torch.float64)
@@ -403,6 +342,73 @@ class LlamaWeights:
         for layer in self.layers:
             weights += [t for t in vars(layer).values() if t is not None]
         return sum(_nbytes(w) for w in weights)
+
+
+class _Reader:
+    """Checkpoint tensors into :class:`LlamaWeights`' layout (see its docstring for ``quant`` and ``pack``)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], dtype: torch.dtype, device: torch.device,
+                 quant: str | None, pack: bool) -> None:
+        self.tensors, self.dtype, self.device, self.quant = tensors, dtype, device, quant
+        self.int8 = quant is not None  # int4: the embedding and LM head int8
+        self.pack = pack and not self.int8 and packs(dtype, device.type)
+
+    def raw(self, name: str) -> torch.Tensor:
+        t = self.tensors.get(name)
+        if t is None:
+            raise CheckpointError(f"checkpoint lacks tensor {name!r}")
+        return t
+
+    def vec(self, name: str) -> torch.Tensor:
+        return self.raw(name).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def maybe_vec(self, name: str) -> torch.Tensor | None:
+        return self.vec(name) if name in self.tensors else None
+
+    def packed(self, w: Weight) -> Weight:
+        return pack_cpu(w) if self.pack and isinstance(w, torch.Tensor) else w
+
+    def layer(self, p: str) -> _Layer:
+        """Decoder layer ``p`` (``model.layers.{i}.``)."""
+        biases = [self.maybe_vec(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
+        return _Layer(
+            attn_norm=self.vec(p + "input_layernorm.weight"),
+            w_qkv=self.mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv")),
+            b_qkv=torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+            w_o=self.mat(p + "self_attn.o_proj.weight"),
+            mlp_norm=self.vec(p + "post_attention_layernorm.weight"),
+            w_gate_up=self.mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+            w_down=self.mat(p + "mlp.down_proj.weight"),
+        )
+
+    def mat(self, *names: str) -> Weight:
+        """A layer's matrix: ``names`` stacked (fused q/k/v, gate/up)."""
+        if self.quant == "int4":
+            return int4_weight(torch.cat([self.as_float(n) for n in names]), names[0], self.dtype)
+        return self.packed(self.dense(*names))
+
+    def as_float(self, name: str) -> torch.Tensor:
+        t = self.raw(name)
+        return t.float() * self.raw(name + "_scale").float()[:, None] if t.dtype == torch.int8 else t
+
+    def dense(self, *names: str) -> Weight:
+        """``names`` stacked, plain: int8 (pre-quantized, or quantized here) where ``quant`` is set."""
+        parts = []
+        for name in names:
+            t = self.raw(name)
+            if t.dtype == torch.int8:
+                parts.append((t, self.raw(name + "_scale").float()))
+            elif self.int8:
+                parts.append(quantize_int8(t))
+            else:
+                parts.append((t, None))
+        if all(sc is None for _, sc in parts):
+            return torch.cat([t for t, _ in parts]).to(device=self.device, dtype=self.dtype).contiguous()
+        if not self.int8:  # pre-quantized checkpoint run in a float dtype: dequantize
+            return torch.cat([t.float() * sc[:, None] for t, sc in parts]).to(self.device, self.dtype).contiguous()
+        q = torch.cat([t for t, _ in parts]).to(self.device).contiguous()
+        scale = torch.cat([sc for _, sc in parts]).to(self.device, self.dtype)
+        return Int8Weight(q=q, scale=scale)
 
 
 def _embed(ids: torch.Tensor, w: Weight) -> torch.Tensor:
