@@ -59,11 +59,7 @@ def generate(
     if demo:
         if target or draft:
             fail("--demo and --target/--draft are mutually exclusive")
-        from trtspec.runtime.demo import prepare_demo
-
-        with domain_errors():
-            pair_paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
-        target, draft = pair_paths.target, pair_paths.draft_at(draft_precision)
+        target, draft = _demo_paths(draft_precision, json_out)
     if target is None:
         fail("--target (or --demo) is required")
     if k < 0:
@@ -100,20 +96,33 @@ def generate(
             if not json_out and chunk.text:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-    result = gen.result
+    _report(gen.result, pair, k if use_draft else 0, drafter.value if use_draft else None, json_out)
+
+
+def _demo_paths(draft_precision: str, json_out: bool) -> tuple[Path, Path]:
+    """The demo pair's target and, for ``draft_precision``, draft (prepared on first use)."""
+    from trtspec.runtime.demo import prepare_demo
+
+    with domain_errors():
+        paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
+    return paths.target, paths.draft_at(draft_precision)
+
+
+def _report(result, pair, k: int, drafter: str | None, json_out: bool) -> None:
+    """The result: one JSON object (with the models, k, drafter, exact) on stdout, or stats on stderr."""
     if json_out:
         out = result.to_dict()
         out["models"] = pair.describe()
-        out["k"] = k if use_draft else 0
-        out["drafter"] = drafter.value if use_draft else None
+        out["k"] = k
+        out["drafter"] = drafter
         out["exact"] = pair.target.exact
         print_json(out)
-    else:
-        sys.stdout.write("\n")
-        s = result.stats
-        rate = f"{s.acceptance_rate:.1%}" if s.acceptance_rate is not None else "n/a"
-        tps = s.emitted_tokens / s.total_time_s if s.total_time_s else 0.0
-        log(
-            f"[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
-            f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}"
-        )
+        return
+    sys.stdout.write("\n")
+    s = result.stats
+    rate = f"{s.acceptance_rate:.1%}" if s.acceptance_rate is not None else "n/a"
+    tps = s.emitted_tokens / s.total_time_s if s.total_time_s else 0.0
+    log(
+        f"[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
+        f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}"
+    )
