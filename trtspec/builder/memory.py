@@ -294,17 +294,9 @@ def plan_memory(
         raise BuildError("max context must be >= 2, sessions >= 1, draft length >= 0, block >= 1")
     total = device.total_bytes
     headroom = int(total * headroom_fraction)
-    usable = total - headroom
     models = (target,) if draft is None else (target, draft)
     fixed = sum(m.weight_bytes + m.overhead_bytes for m in models)
-    kv_budget = usable - fixed
-    if kv_budget <= 0:
-        weights = " + ".join(f"{_gib(m.weight_bytes)} ({m.role})" for m in models)
-        raise MemoryPlanError(
-            f"the models do not fit in {device.name} ({_gib(total)}): weights {weights} "
-            f"+ overhead {_gib(sum(m.overhead_bytes for m in models))} "
-            f"exceed the {_gib(usable)} usable after {headroom_fraction:.0%} headroom"
-        )
+    kv_budget = _kv_budget(device, models, headroom_fraction)
     per_seq = math.ceil((max_context + max_draft_len) / tokens_per_block) * tokens_per_block
     per_token = sum(m.kv_bytes_per_token for m in models)
     if per_token <= 0:
@@ -325,25 +317,7 @@ def plan_memory(
     kv_all = tokens * per_token
 
     def share(m: ModelFootprint) -> PoolShare:
-        # Worst case for m: it loads last, the other model already holds its whole pool.
-        kv_m = tokens * m.kv_bytes_per_token
-        free_when_last = total - fixed - (kv_all - kv_m)
-        fraction = _fraction_ceil(kv_m / free_when_last)
-        if fraction > _FRACTION_CEILING:
-            raise MemoryPlanError(
-                f"the {m.role} KV pool ({_gib(kv_m)}) would need {fraction:.0%} of the memory free when it loads; "
-                f"lower --max-sessions or --max-context"
-            )
-        return PoolShare(
-            role=m.role,
-            weight_bytes=m.weight_bytes,
-            overhead_bytes=m.overhead_bytes,
-            kv_bytes_per_token=m.kv_bytes_per_token,
-            kv_tokens=tokens,
-            kv_bytes=kv_m,
-            kv_cache_free_gpu_mem_fraction=fraction,
-            max_tokens_in_paged_kv_cache=tokens,
-        )
+        return _pool_share(m, tokens, free_when_last=total - fixed - (kv_all - tokens * m.kv_bytes_per_token))
 
     return MemoryPlan(
         device=device,
@@ -358,6 +332,43 @@ def plan_memory(
         draft=share(draft) if draft is not None else None,
         spare_bytes=kv_budget - kv_all,
         notes=tuple(notes),
+    )
+
+
+def _kv_budget(device: DeviceMemory, models: tuple[ModelFootprint, ...], headroom_fraction: float) -> int:
+    """Bytes left for KV caches once headroom, weights and overheads are taken; :class:`MemoryPlanError`
+    when nothing is left."""
+    usable = device.total_bytes - int(device.total_bytes * headroom_fraction)
+    budget = usable - sum(m.weight_bytes + m.overhead_bytes for m in models)
+    if budget <= 0:
+        weights = " + ".join(f"{_gib(m.weight_bytes)} ({m.role})" for m in models)
+        raise MemoryPlanError(
+            f"the models do not fit in {device.name} ({_gib(device.total_bytes)}): weights {weights} "
+            f"+ overhead {_gib(sum(m.overhead_bytes for m in models))} "
+            f"exceed the {_gib(usable)} usable after {headroom_fraction:.0%} headroom"
+        )
+    return budget
+
+
+def _pool_share(m: ModelFootprint, tokens: int, free_when_last: int) -> PoolShare:
+    """``m``'s pool of ``tokens`` slots; its TensorRT-LLM fraction is set for the worst case, ``m`` loading
+    last with ``free_when_last`` bytes free (the other model holding its weights and whole pool)."""
+    kv_m = tokens * m.kv_bytes_per_token
+    fraction = _fraction_ceil(kv_m / free_when_last)
+    if fraction > _FRACTION_CEILING:
+        raise MemoryPlanError(
+            f"the {m.role} KV pool ({_gib(kv_m)}) would need {fraction:.0%} of the memory free when it loads; "
+            f"lower --max-sessions or --max-context"
+        )
+    return PoolShare(
+        role=m.role,
+        weight_bytes=m.weight_bytes,
+        overhead_bytes=m.overhead_bytes,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+        kv_tokens=tokens,
+        kv_bytes=kv_m,
+        kv_cache_free_gpu_mem_fraction=fraction,
+        max_tokens_in_paged_kv_cache=tokens,
     )
 
 
