@@ -128,22 +128,8 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
     """The whole picture; see the module docstring. ``http``: Triton's HTTP ``HOST:PORT``; ``model``: the name
     spec_decode is served under."""
     base = f"http://{http}"
-
-    def ok(path: str) -> bool:
-        try:
-            return _http(base + path, None, 2.0)[0] == 200
-        except Exception:
-            return False
-
-    live = ok("/v2/health/live")
-    index: dict[str, str] = {}
-    if live:
-        try:
-            code, body = _http(base + "/v2/repository/index", {}, 2.0)
-            if code == 200 and isinstance(body, list):
-                index = {m["name"]: m.get("state", "") for m in body if isinstance(m, dict) and "name" in m}
-        except Exception:
-            pass
+    live = _ok(base + "/v2/health/live")
+    index = _repository_index(base) if live else {}
     names = [m for m in (model, TARGET, DRAFT) if m in index] or (
         [model, TARGET, DRAFT] if not index else []
     )
@@ -151,9 +137,60 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
     stale = control is None or control.get("age_s", 0.0) > STALE_AFTER_S
     busy = {m: not stale and bool(((control or {}).get(m) or {}).get("busy")) for m in (TARGET, DRAFT)}
     drain = read_drain(status_dir)
-    skip = {m: {"answers": True, "busy": True, "latency_ms": None, "error": None}  # its calls in flight are the check
+    answers = _answers(http, model, names, busy, drain, timeout_s)
+    models: dict[str, dict] = {}
+    for m in names:
+        entry: dict = {"triton_state": index.get(m), "triton_ready": _ok(f"{base}/v2/models/{m}/ready"), **answers[m]}
+        if m in (TARGET, DRAFT):
+            entry["supervisor"] = (control or {}).get(m)
+            own = statusfile.read_status(status_dir / f"{m}.json") if status_dir is not None else None
+            entry["sessions"] = own.get("sessions") if own else None
+            entry["faults"] = (own or {}).get("faults") or None
+        models[m] = entry
+    sd, tg = models.get(model, {}), models.get(TARGET, {})
+    speculation, why = _speculation(control, stale, models)
+    governor = (control or {}).get("governor") or {}
+    return {
+        "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ready": bool(sd.get("answers")) and bool(tg.get("answers")) and drain is None,
+        "draining": drain,
+        "speculation": speculation,
+        "speculation_reason": why,
+        "server": {"live": live, "ready": _ok(base + "/v2/health/ready") if live else False},
+        "models": models,
+        "breaker": (control or {}).get("breaker"),
+        "requests": (control or {}).get("requests"),
+        "goodput": governor.get("goodput"),
+        "k_choices": governor.get("k_choices"),
+        "control_age_s": None if control is None else round(control.get("age_s", 0.0), 1),
+    }
+
+
+def _ok(url: str) -> bool:
+    try:
+        return _http(url, None, 2.0)[0] == 200
+    except Exception:
+        return False
+
+
+def _repository_index(base: str) -> dict[str, str]:
+    """Model name -> state from Triton's repository index ({} when it cannot be read)."""
+    try:
+        code, body = _http(base + "/v2/repository/index", {}, 2.0)
+    except Exception:
+        return {}
+    if code != 200 or not isinstance(body, list):
+        return {}
+    return {m["name"]: m.get("state", "") for m in body if isinstance(m, dict) and "name" in m}
+
+
+def _answers(http: str, model: str, names: list[str], busy: dict[str, bool], drain: dict | None,
+             timeout_s: float) -> dict[str, dict]:
+    """Whether each model answers now: probed at once, except a model busy with calls in flight (those
+    are the check) and spec_decode while it drains (a probe would be one more refusal)."""
+    skip = {m: {"answers": True, "busy": True, "latency_ms": None, "error": None}
             for m, b in busy.items() if b}
-    if drain is not None:  # spec_decode refuses new requests: a probe would only be one more refusal
+    if drain is not None:
         skip[model] = {"answers": False, "latency_ms": None, "error": "draining: new requests are refused"}
     with ThreadPoolExecutor(max(1, len(names))) as pool:
         futures = {
@@ -164,16 +201,11 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
     answers.update({m: a for m, a in skip.items() if m in names})
     if model in futures and not answers[model]["answers"] and busy[TARGET]:
         answers[model] = {**answers[model], "answers": True, "busy": True}  # queued behind the target
-    models: dict[str, dict] = {}
-    for m in names:
-        entry: dict = {"triton_state": index.get(m), "triton_ready": ok(f"/v2/models/{m}/ready"), **answers[m]}
-        if m in (TARGET, DRAFT):
-            entry["supervisor"] = (control or {}).get(m)
-            own = statusfile.read_status(status_dir / f"{m}.json") if status_dir is not None else None
-            entry["sessions"] = own.get("sessions") if own else None
-            entry["faults"] = (own or {}).get("faults") or None
-        models[m] = entry
-    sd, tg = models.get(model, {}), models.get(TARGET, {})
+    return answers
+
+
+def _speculation(control: dict | None, stale: bool, models: dict[str, dict]) -> tuple[str, str]:
+    """Speculation on/off/unknown and why, from spec_decode's status (and whether the draft answers)."""
     if control is None:
         speculation, why = "unknown", "no status from spec_decode"
     elif stale:
@@ -182,21 +214,7 @@ def collect_status(http: str, status_dir: Path | None, *, timeout_s: float = 5.0
         speculation, why = control.get("speculation", "unknown"), control.get("speculation_reason", "")
     if speculation != "off" and DRAFT in models and not models[DRAFT]["answers"]:
         why = f"{why}; but the draft does not answer now"
-    governor = (control or {}).get("governor") or {}
-    return {
-        "checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "ready": bool(sd.get("answers")) and bool(tg.get("answers")) and drain is None,
-        "draining": drain,
-        "speculation": speculation,
-        "speculation_reason": why,
-        "server": {"live": live, "ready": ok("/v2/health/ready") if live else False},
-        "models": models,
-        "breaker": (control or {}).get("breaker"),
-        "requests": (control or {}).get("requests"),
-        "goodput": governor.get("goodput"),
-        "k_choices": governor.get("k_choices"),
-        "control_age_s": None if control is None else round(control.get("age_s", 0.0), 1),
-    }
+    return speculation, why
 
 
 class StatusServer:
