@@ -148,3 +148,17 @@ def test_demo_build(tmp_path: Path) -> None:
     assert q["acceptance_before"]["acceptance_rate"] == 1.0  # the draft in float is the target itself
     assert q["acceptance_after"]["acceptance_rate"] > 0.7
     print(json.dumps({"quantization": q, "memory_plan": out["memory_plan"]}, indent=2))
+
+
+@pytest.mark.slow
+def test_demo_build_with_an_int4_draft(tmp_path: Path) -> None:
+    """The same pair with --draft-quant int4: the float draft served at int4, its cost measured."""
+    res = runner.invoke(app, ["build", "--demo", "--draft-quant", "int4", "--engines", str(tmp_path / "engines"),
+                              "--model-repo", str(tmp_path / "model_repo"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    q = out["quantization"]
+    assert q["precision_before"] == "fp32" and q["precision_after"] == "int4"
+    assert q["weight_ratio"] < 0.15  # int4 layers, int8 embedding and head, against float32
+    assert q["acceptance_after"]["acceptance_rate"] > 0.8  # the demo's Q4_1 weights, held as they are
+    assert out["manifest"]["models"]["draft"]["precision"] == "int4"

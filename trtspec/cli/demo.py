@@ -1,6 +1,6 @@
 """``trtspec demo``: the whole path on the embedded demo pair, in one command.
 
-build (INT8 draft, manifest, memory plan, model repository) -> serve (a real
+build (INT8 draft, or INT4 with ``--draft-quant int4``; manifest, memory plan, model repository) -> serve (a real
 tritonserver) -> a few requests with speculation auto and off -> text and stats
 -> shut down.
 """
@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from trtspec.cli.build import DraftQuant
 from trtspec.cli.common import JsonOpt, domain_errors, log, print_json
 
 DEMO_PROMPTS = (
@@ -25,6 +26,8 @@ def demo(
     out: Annotated[Path, typer.Option("--out", help="Where engines/ and model_repo/ are written.")] = Path("."),
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="New tokens per request.")] = 64,
     prompts: Annotated[int, typer.Option("--prompts", help=f"How many demo prompts (1..{len(DEMO_PROMPTS)}).")] = 2,
+    draft_quant: Annotated[DraftQuant, typer.Option(
+        "--draft-quant", help="int8: the INT8 draft; int4: INT4 layers (CPU; the GGUF's Q4_1 as it is); none: float.")] = DraftQuant.int8,
     json_out: JsonOpt = False,
 ) -> None:
     """Build the demo pair, serve it on a real tritonserver, send requests, print text and stats, stop."""
@@ -37,11 +40,12 @@ def demo(
     runs = []
     with domain_errors():
         pair = prepare_demo(progress=lambda m: say(f"[demo] {m}"))
-        say("[build] checking, quantizing the draft to INT8, planning memory, writing the model repository")
+        say(f"[build] checking, quantizing the draft ({draft_quant.value}), planning memory, writing the model repository")
         result = run_build(
             BuildOptions(
                 target=pair.target,
-                draft=pair.target,  # the build makes the INT8 draft from the target
+                draft=pair.target,  # the build makes the quantized draft from the target
+                draft_quant=draft_quant.value,
                 name="demo",
                 engines_dir=out / "engines",
                 model_repo=out / "model_repo",
