@@ -388,24 +388,19 @@ class _Reader:
         return self.packed(self.dense(*names))
 
     def as_float(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` as stored, or dequantized where the checkpoint holds it as int8 + scale."""
         t = self.raw(name)
         return t.float() * self.raw(name + "_scale").float()[:, None] if t.dtype == torch.int8 else t
 
     def dense(self, *names: str) -> Weight:
-        """``names`` stacked, plain: int8 (pre-quantized, or quantized here) where ``quant`` is set."""
+        """``names`` stacked, plain: int8 (pre-quantized, or quantized here) where ``quant`` is set; else in
+        the compute dtype (a pre-quantized checkpoint dequantized)."""
+        if not self.int8:
+            return torch.cat([self.as_float(n) for n in names]).to(device=self.device, dtype=self.dtype).contiguous()
         parts = []
         for name in names:
             t = self.raw(name)
-            if t.dtype == torch.int8:
-                parts.append((t, self.raw(name + "_scale").float()))
-            elif self.int8:
-                parts.append(quantize_int8(t))
-            else:
-                parts.append((t, None))
-        if all(sc is None for _, sc in parts):
-            return torch.cat([t for t, _ in parts]).to(device=self.device, dtype=self.dtype).contiguous()
-        if not self.int8:  # pre-quantized checkpoint run in a float dtype: dequantize
-            return torch.cat([t.float() * sc[:, None] for t, sc in parts]).to(self.device, self.dtype).contiguous()
+            parts.append((t, self.raw(name + "_scale").float()) if t.dtype == torch.int8 else quantize_int8(t))
         q = torch.cat([t for t, _ in parts]).to(self.device).contiguous()
         scale = torch.cat([sc for _, sc in parts]).to(self.device, self.dtype)
         return Int8Weight(q=q, scale=scale)
