@@ -24,7 +24,7 @@ from trtspec.builder.memory import (
     read_device_memory,
     runtime_weight_bytes,
 )
-from trtspec.builder.quantize import write_int8_checkpoint
+from trtspec.builder.quantize import write_quantized_checkpoint
 from trtspec.runtime.torch.loader import argmax_head_bytes, load_model, read_config, weights_packed
 
 H100 = DeviceMemory("gpu", "H100 80GB", 80 * GiB, "test")
@@ -206,11 +206,18 @@ def test_weight_bytes_from_headers_match_what_the_runtime_holds(
     assert planned + argmax_head_bytes(cfg, precision, "cpu", tied) == model.weight_bytes
 
 
-def test_weight_bytes_of_an_int8_checkpoint(tiny_draft: Path, tmp_path: Path) -> None:
-    q = write_int8_checkpoint(tiny_draft, tmp_path / "q").path
+@pytest.mark.parametrize("stored", ["int8", "int4"])
+def test_weight_bytes_of_a_quantized_checkpoint(tiny_draft: Path, tmp_path: Path, stored: str) -> None:
+    """What the plan counts for a written int8 / int4 checkpoint is what the runtime holds, at the
+    checkpoint's own precision and dequantized to float32."""
+    q = write_quantized_checkpoint(tiny_draft, tmp_path / "q", stored).path
     cfg = read_config(q)
     held = load_model(q).weight_bytes
-    assert runtime_weight_bytes(q, cfg, "int8") == held == runtime_weight_bytes(tiny_draft, cfg, "int8")
+    assert runtime_weight_bytes(q, cfg, stored) == held == runtime_weight_bytes(tiny_draft, cfg, stored)
+    packed = weights_packed(cfg, "fp32", "cpu")
+    tied = checkpoint_head_tied(q, cfg)
+    fp32 = runtime_weight_bytes(q, cfg, "fp32", packed=packed) + argmax_head_bytes(cfg, "fp32", "cpu", tied)
+    assert fp32 == load_model(q, "fp32").weight_bytes
 
 
 def test_trtllm_w8a16_keeps_embedding_and_head_in_16_bits(tiny_target: Path) -> None:

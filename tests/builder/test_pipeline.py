@@ -15,7 +15,7 @@ from trtspec.builder.memory import GiB
 from trtspec.builder.pipeline import STEPS, BuildResult, StepEvent, run_build
 from trtspec.builder.quantize import ProbeSettings
 from trtspec.errors import IncompatibleModelsError, TrtspecError
-from trtspec.runtime.torch.loader import load_model
+from trtspec.runtime.torch.loader import checkpoint_precision, load_model, read_config
 
 
 def snapshot(*roots: Path) -> dict[str, tuple[str, int]]:
@@ -131,18 +131,20 @@ def test_changed_options_or_tampered_artefacts_rebuild(tiny_options, tmp_path: P
     assert not healed.reused and json.loads(tampered.read_text()) != {}
 
 
-def test_int4_draft_is_the_float_checkpoint_served_at_int4(tiny_options, tiny_draft: Path, tmp_path: Path,
-                                                           monkeypatch) -> None:
+def test_int4_draft_is_written_and_served_at_int4(tiny_options, tiny_draft: Path, tmp_path: Path,
+                                                  monkeypatch) -> None:
     r = run_build(tiny_options(tmp_path, draft_quant="int4"))
     q = r.quantization
     assert q is not None and q.precision_before == "fp32" and q.precision_after == "int4"
     assert q.acceptance_after is not None and q.acceptance_after.drafted_tokens > 0
     assert r.manifest.quantization.draft["method"] == "int4_weight_only"
     assert r.manifest.build_options["draft_quant"] == "int4" and r.manifest.models["draft"].precision == "int4"
-    # the float weights as given, run at int4 by the server: what it holds is what was measured and planned
-    assert sha256_file(r.engine_dir / "draft" / "model.safetensors") == sha256_file(tiny_draft / "model.safetensors")
+    # the int4 checkpoint written, run at int4 by the server: what it holds is what was measured and planned
+    written = r.engine_dir / "draft"
+    assert checkpoint_precision(read_config(written), written) == "int4"
+    assert (written / "model.safetensors").stat().st_size < 0.3 * (tiny_draft / "model.safetensors").stat().st_size
     assert repo_params(r.model_repo, "draft")["precision"] == "int4"
-    served = load_model(r.engine_dir / "draft", "int4")
+    served = load_model(written, "int4")
     assert served.weight_bytes == q.weight_bytes_after == r.memory_plan.draft.weight_bytes
     monkeypatch.setattr("trtspec.builder.pipeline.resolve_device", lambda _device: "cuda")  # no GPU here
     with pytest.raises(BuildError, match="--draft-quant int4 runs on the CPU.*serves on cuda: use --draft-quant int8"):

@@ -1,4 +1,4 @@
-"""The INT8 draft artefact and the measurement of what quantization cost."""
+"""The INT8 and INT4 draft artefacts and the measurement of what quantization cost."""
 
 from __future__ import annotations
 
@@ -16,15 +16,16 @@ from trtspec.builder.quantize import (
     ProbeSettings,
     load_probe_prompts,
     measure_quantization,
-    write_int8_checkpoint,
+    write_quantized_checkpoint,
 )
-from trtspec.runtime.torch.llama import quantize_int8
+from trtspec.runtime.torch import llama
+from trtspec.runtime.torch.llama import INT4_GROUP, Int4Weight, quantize_int4, quantize_int8, unpack_int4_codes
 from trtspec.runtime.torch.loader import QUANT_KEY, checkpoint_precision, load_model, read_config, read_tensors
 
 
 @pytest.fixture(scope="module")
 def int8_dir(tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_int8_checkpoint(tiny_draft, tmp_path_factory.mktemp("q") / "draft-int8").path
+    return write_quantized_checkpoint(tiny_draft, tmp_path_factory.mktemp("q") / "draft-int8").path
 
 
 def test_every_matrix_is_int8_with_per_row_float32_scales(tiny_draft: Path, int8_dir: Path) -> None:
@@ -79,11 +80,82 @@ def test_int8_tensors_alone_are_detected_as_int8(int8_dir: Path, tmp_path: Path)
 def test_rewriting_gives_identical_bytes_and_requantizing_is_a_fixed_point(
     tiny_draft: Path, int8_dir: Path, tmp_path: Path
 ) -> None:
-    again = write_int8_checkpoint(tiny_draft, tmp_path / "again").path
+    again = write_quantized_checkpoint(tiny_draft, tmp_path / "again").path
     for f in sorted(p.name for p in int8_dir.iterdir()):
         assert sha256_file(again / f) == sha256_file(int8_dir / f), f
-    twice = write_int8_checkpoint(int8_dir, tmp_path / "twice").path  # an int8 source is kept as it is
+    twice = write_quantized_checkpoint(int8_dir, tmp_path / "twice").path  # an int8 source is kept as it is
     assert sha256_file(twice / "model.safetensors") == sha256_file(int8_dir / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def int4_dir(tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_quantized_checkpoint(tiny_draft, tmp_path_factory.mktemp("q") / "draft-int4", "int4").path
+
+
+def test_int4_stores_the_layers_codes_two_a_byte_and_the_rest_as_int8(
+    tiny_draft: Path, int4_dir: Path, int8_dir: Path
+) -> None:
+    src = read_tensors(tiny_draft)
+    out = load_file(str(int4_dir / "model.safetensors"))
+    layer_matrices = [n for n, t in src.items() if t.dim() == 2 and n.startswith(llama.LAYERS)]
+    assert layer_matrices
+    for name in layer_matrices:
+        rows, cols = src[name].shape
+        q, scale, zero = quantize_int4(src[name])
+        assert out[name].dtype == torch.uint8 and out[name].shape == (rows, cols // 2)
+        assert torch.equal(unpack_int4_codes(out[name]), q)
+        assert out[name + "_scale"].dtype == torch.bfloat16 and out[name + "_scale"].shape == (rows, cols // INT4_GROUP)
+        assert torch.equal(out[name + "_scale"], scale.bfloat16()) and torch.equal(out[name + "_zero"], zero.bfloat16())
+    embedding = out[llama.EMBEDDING]
+    assert embedding.dtype == torch.int8 and llama.EMBEDDING + "_zero" not in out
+    cfg = read_config(int4_dir)
+    assert cfg[QUANT_KEY]["method"] == "int4_weight_only"
+    stored = sum(f.stat().st_size for f in int4_dir.glob("*.safetensors"))
+    assert stored < 0.8 * sum(f.stat().st_size for f in int8_dir.glob("*.safetensors"))
+
+
+def test_the_int4_checkpoint_runs_as_quantizing_at_load_does(tiny_draft: Path, int4_dir: Path) -> None:
+    stored = load_model(int4_dir)  # precision auto: int4 on the CPU
+    assert stored.precision == "int4"
+    at_load = load_model(tiny_draft, "int4", device="cpu")
+    for a, b in zip(stored.lm.weights.layers, at_load.lm.weights.layers, strict=True):
+        assert isinstance(a.w_qkv, Int4Weight)
+        assert torch.equal(a.w_qkv.packed, b.w_qkv.packed) and torch.equal(a.w_qkv.scale_zeros, b.w_qkv.scale_zeros)
+    assert stored.weight_bytes == at_load.weight_bytes
+    ids = [1, 5, 9, 30, 7]
+    assert torch.equal(stored.lm.new_session().forward(ids, len(ids)), at_load.lm.new_session().forward(ids, len(ids)))
+    # elsewhere than the CPU an int4 checkpoint runs as int8; in float it is dequantized
+    assert checkpoint_precision(read_config(int4_dir), int4_dir, "cuda") == "int8"
+    fp = load_model(int4_dir, "fp32")
+    assert fp.lm.new_session().forward(ids, len(ids)).argmax(-1).tolist() == \
+        stored.lm.new_session().forward(ids, len(ids)).argmax(-1).tolist()
+
+
+def test_int4_is_detected_by_its_tensors_and_rewriting_it_changes_nothing(int4_dir: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(int4_dir, bare)
+    cfg = read_config(bare)
+    del cfg[QUANT_KEY]
+    (bare / "config.json").write_text(json.dumps(cfg))
+    assert checkpoint_precision(cfg, bare) == "int4"
+    again = write_quantized_checkpoint(int4_dir, tmp_path / "again", "int4").path  # an int4 source is kept as it is
+    assert sha256_file(again / "model.safetensors") == sha256_file(int4_dir / "model.safetensors")
+    as_int8 = write_quantized_checkpoint(int4_dir, tmp_path / "int8", "int8").path  # dequantized, then int8
+    assert load_model(as_int8).precision == "int8"
+
+
+def test_int4_refuses_a_matrix_its_kernel_cannot_take(tiny_draft: Path, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_draft, odd)
+    tensors = read_tensors(odd)
+    name = f"{llama.LAYERS}0.mlp.down_proj.weight"
+    tensors[name] = tensors[name][:, :-8].contiguous()  # inputs no longer a multiple of 32
+    save_file(tensors, str(odd / "model.safetensors"))
+    with pytest.raises(BuildError, match=rf"{name} is \[\d+, \d+\].*--draft-quant int8"):
+        write_quantized_checkpoint(odd, tmp_path / "out", "int4")
+    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_architectures_the_int8_runtime_cannot_run(tiny_draft: Path, tmp_path: Path) -> None:
@@ -93,7 +165,7 @@ def test_refuses_architectures_the_int8_runtime_cannot_run(tiny_draft: Path, tmp
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (other / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(BuildError, match="--draft-quant none"):
-        write_int8_checkpoint(other, tmp_path / "out")
+        write_quantized_checkpoint(other, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
-from trtspec.runtime.torch.llama import EMBEDDING, INT4_GROUP, LAYERS, LM_HEAD, head_tied
+from trtspec.runtime.torch.llama import EMBEDDING, INT4_GROUP, LAYERS, LM_HEAD, SCALE_SUFFIX, ZERO_SUFFIX, head_tied
 from trtspec.runtime.torch.loader import QUANTIZED
 
 GiB = 1 << 30
@@ -119,10 +119,12 @@ def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
     return int(cfg["num_hidden_layers"]) * 2 * kv_heads * head_dim * dtype_bytes
 
 
-def _tensor_shapes(path: Path) -> dict[str, tuple[str, list[int]]]:
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """The shapes of the checkpoint's weights as the runtime reads them: a stored int8 / int4 matrix
+    (``llama.stored_float``) as its [out, in], its scale and zero left out (counted with it)."""
     from safetensors import safe_open
 
-    shapes: dict[str, tuple[str, list[int]]] = {}
+    stored: dict[str, tuple[str, list[int]]] = {}
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise BuildError(f"{path} holds no .safetensors weights")
@@ -130,8 +132,11 @@ def _tensor_shapes(path: Path) -> dict[str, tuple[str, list[int]]]:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
                 sl = st.get_slice(name)
-                shapes[name] = (sl.get_dtype(), list(sl.get_shape()))
-    return shapes
+                stored[name] = (sl.get_dtype(), list(sl.get_shape()))
+    quantized = {name for name, (dtype, _) in stored.items() if dtype in ("I8", "U8")}
+    sides = {name + sfx for name in quantized for sfx in (SCALE_SUFFIX, ZERO_SUFFIX)}
+    return {name: [shape[0], shape[1] * 2] if dtype == "U8" else shape  # int4: two codes a byte
+            for name, (dtype, shape) in stored.items() if name not in sides}
 
 
 def runtime_weight_bytes(
@@ -154,9 +159,7 @@ def runtime_weight_bytes(
     shapes = _tensor_shapes(path)
     tied = _tied(cfg, shapes)
     total = 0
-    for name, (_dtype, shape) in shapes.items():
-        if name.endswith("_scale") and name[: -len("_scale")] in shapes:
-            continue  # counted with its matrix
+    for name, shape in shapes.items():
         if "rotary_emb" in name or (tied and name == LM_HEAD):
             continue
         numel = math.prod(shape) if shape else 1

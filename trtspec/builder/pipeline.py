@@ -63,7 +63,7 @@ from trtspec.builder.quantize import (
     QuantReport,
     copy_side_files,
     measure_quantization,
-    write_int8_checkpoint,
+    write_quantized_checkpoint,
 )
 from trtspec.builder.repo import default_drafter_for, write_model_repo
 from trtspec.errors import TrtspecError
@@ -373,9 +373,13 @@ class _Ctx:
 
     @property
     def int8(self) -> bool:
-        """An int8 draft: written here (torch) or built as W8A16 (TensorRT-LLM); an int4 draft is the
-        float checkpoint, quantized by the runtime at load."""
+        """An int8 draft: written here (torch) or built as W8A16 (TensorRT-LLM)."""
         return self.opts.applied_draft_quant == "int8"
+
+    @property
+    def draft_written(self) -> bool:
+        """Whether the quantize step writes the draft the server loads (torch: int8 or int4), not a copy."""
+        return self.opts.backend == "torch" and self.opts.applied_draft_quant in QUANT_SPECS
 
     @property
     def manifest_path(self) -> Path:
@@ -529,7 +533,7 @@ def _target_precision(opts: BuildOptions, cfg: dict, src: Path, device: str) -> 
     """What the server will run the target at."""
     if opts.backend == "trtllm":
         return trtllm.ENGINE_DTYPE
-    return checkpoint_precision(cfg, src) or _float_precision(device)
+    return checkpoint_precision(cfg, src, device) or _float_precision(device)
 
 
 def _draft_precision(opts: BuildOptions, cfg: dict, src: Path, device: str, notes: list[str]) -> str:
@@ -543,7 +547,7 @@ def _draft_precision(opts: BuildOptions, cfg: dict, src: Path, device: str, note
     if opts.backend == "trtllm":
         return "w8a16" if int8 else trtllm.ENGINE_DTYPE
     if not int8:
-        return checkpoint_precision(cfg, src) or _float_precision(device)
+        return checkpoint_precision(cfg, src, device) or _float_precision(device)
     if device != "cpu":
         notes.append("the torch runtime runs int8 weights on CPU only; on CUDA the int8 draft is dequantized "
                      "to bf16 at load (use --backend trtllm for W8A16 on a GPU)")
@@ -552,8 +556,7 @@ def _draft_precision(opts: BuildOptions, cfg: dict, src: Path, device: str, note
 
 
 def _quantize(ctx: _Ctx) -> QuantReport | None:
-    """Step 2: write the int8 draft (torch backend) and measure what quantization costs (int8, or
-    int4: quantized by the server at load, measured here the same way)."""
+    """Step 2: write the int8 or int4 draft (torch backend) and measure what quantization costs."""
     rep, opts = ctx.rep, ctx.opts
     quant = opts.applied_draft_quant
     if quant is None:
@@ -568,18 +571,15 @@ def _quantize(ctx: _Ctx) -> QuantReport | None:
     with rep.step("quantize") as rec:
         say = rep.say("quantize")
         probe = replace(opts.probe, k=opts.max_draft_len)
-        if quant == "int4":
-            say("the int4 draft is quantized by the runtime at load (groups of 32 inputs); measuring what it costs")
-            report = measure_quantization(ctx.target.src, ctx.draft.src, None, probe, say, precision="int4")
-        elif opts.backend == "torch" and not opts.dry_run:
-            say("writing the int8 weight-only draft (per output channel, symmetric)")
-            written = write_int8_checkpoint(ctx.draft.src, ctx.engine_dir / "draft")
+        if ctx.draft_written and not opts.dry_run:
+            say(f"writing the {quant} weight-only draft ({QUANT_SPECS[quant]['granularity']})")
+            written = write_quantized_checkpoint(ctx.draft.src, ctx.engine_dir / "draft", quant)
             say(f"{written.quantized_matrices} matrices quantized; measuring what it cost")
-            report = measure_quantization(ctx.target.src, ctx.draft.src, written.path, probe, say)
+            report = measure_quantization(ctx.target.src, ctx.draft.src, written.path, probe, say, precision=quant)
         else:
-            # TensorRT-LLM quantizes at engine build (W8A16: the same per-channel symmetric int8); the
-            # cost is measured with the torch runtime quantizing the same way in memory.
-            report = measure_quantization(ctx.target.src, ctx.draft.src, None, probe, say)
+            # A dry run, or TensorRT-LLM, which quantizes at engine build (W8A16: the same per-channel
+            # symmetric int8): the cost is measured with the torch runtime quantizing the same way in memory.
+            report = measure_quantization(ctx.target.src, ctx.draft.src, None, probe, say, precision=quant)
         rec.detail = _quant_summary(report)
     return report
 
@@ -614,7 +614,7 @@ def _compile(ctx: _Ctx, specs: tuple[trtllm.EngineSpec, ...]) -> None:
                 shutil.rmtree(engine_dir / sub, ignore_errors=True)
             say("copying the target's runtime artefacts")
             n = _sync_dir(_checkpoint_files(ctx.target.src), engine_dir / "target")
-            if ctx.draft is not None and not ctx.int8:
+            if ctx.draft is not None and not ctx.draft_written:
                 say("copying the draft's runtime artefacts")
                 n += _sync_dir(_checkpoint_files(ctx.draft.src), engine_dir / "draft")
             rec.detail = f"torch runtime artefacts in {engine_dir} ({n} files copied)"

@@ -1,6 +1,6 @@
-"""The quantized draft: INT8 (written) or INT4 (quantized at load), and what quantization cost.
+"""The quantized draft: INT8 or INT4 (written here), and what quantization cost.
 
-Scheme (the same as :func:`trtspec.runtime.torch.llama.quantize_int8`):
+INT8 (the same scheme as :func:`trtspec.runtime.torch.llama.quantize_int8`):
 weight-only, per output channel, symmetric. Every 2-D weight ``W [out, in]``
 of the checkpoint (embedding and LM head included) is stored as an int8 tensor
 ``name`` holding ``q = round(W / s)`` and a float32 tensor ``name + "_scale"``
@@ -8,10 +8,13 @@ holding ``s [out] = max|W_row| / 127``; norms and biases stay float32. The
 torch runtime runs it with bfloat16 activations (CPU). ``config.json`` carries
 ``trtspec_quantization``, so ``load_model(path)`` picks int8 by itself.
 
-INT4 (``--draft-quant int4``, the torch runtime on a CPU): the draft's float
-checkpoint is kept as it is and served at precision ``int4``, which quantizes
-the layers' matrices at load (:func:`trtspec.runtime.torch.llama.quantize_int4`:
-asymmetric, groups of 32 inputs), the embedding and LM head to int8 as above.
+INT4 (``--draft-quant int4``, the torch runtime on a CPU): the layers'
+matrices as :func:`trtspec.runtime.torch.llama.quantize_int4` makes them
+(asymmetric, groups of 32 inputs), stored as ``llama.stored_float`` reads
+them: uint8 codes, two a byte, and bfloat16 ``_scale`` and ``_zero`` per
+group (what the runtime holds, so the checkpoint is what runs); the
+embedding and LM head as INT8 above. ``load_model(path)`` picks int4 on a
+CPU by itself.
 
 What it cost is measured, not assumed: weight bytes as the runtime holds them
 before and after, and the draft's greedy acceptance against the target on a
@@ -31,13 +34,26 @@ from pathlib import Path
 import torch
 
 from trtspec.builder.errors import BuildError
-from trtspec.runtime.torch.llama import INT4_GROUP, SUPPORTED_ARCHITECTURES, lean_runs, quantize_int8
+from trtspec.errors import CheckpointError
+from trtspec.runtime.torch.llama import (
+    INT4_GROUP,
+    LAYERS,
+    SCALE_SUFFIX,
+    SUPPORTED_ARCHITECTURES,
+    ZERO_SUFFIX,
+    check_int4_shape,
+    is_side_tensor,
+    lean_runs,
+    pack_int4_codes,
+    quantize_int4,
+    quantize_int8,
+    stored_float,
+)
 from trtspec.runtime.torch.loader import QUANT_KEY, LoadedModel, load_model, read_config, read_tensors
 from trtspec.decoding import AcceptanceRatios, FixedDraftLength, GenerationRequest, SpeculativeDecoder, StopCriteria
 
 Say = Callable[[str], None]
 
-SCALE_SUFFIX = "_scale"
 WEIGHT_FILE = "model.safetensors"
 # Files of an HF directory that are weights (not copied next to the int8 weights).
 _WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json", "*.pt", "*.pth", "*.gguf")
@@ -56,15 +72,17 @@ INT4_SPEC = {
     "symmetric": False,
     "bits": 4,
     "activations": "bfloat16",
-    "storage": "the float checkpoint; quantized when the runtime loads it (precision int4, CPU)",
+    "storage": "uint8 tensor NAME [out, in/2] (two codes a byte, low nibble first) + bfloat16 NAME_scale, "
+               f"NAME_zero [out, in/{INT4_GROUP}]; embedding and LM head as int8",
 }
 QUANT_SPECS = {"int8": INT8_SPEC, "int4": INT4_SPEC}
 
 
 @dataclass(frozen=True)
-class Int8Checkpoint:
+class QuantizedCheckpoint:
     path: Path
-    quantized_matrices: int  # 2-D weights stored as int8 + scale
+    precision: str  # int8 | int4
+    quantized_matrices: int  # 2-D weights stored as int8 + scale, or int4 codes + scale + zero
     float_tensors: int  # norms, biases: kept float32
 
 
@@ -82,17 +100,19 @@ def copy_side_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def write_int8_checkpoint(src: Path, dst: Path) -> Int8Checkpoint:
-    """Write the weight-only int8 copy of the HF checkpoint ``src`` to ``dst`` (replaced atomically).
+def write_quantized_checkpoint(src: Path, dst: Path, precision: str = "int8") -> QuantizedCheckpoint:
+    """Write the weight-only ``precision`` (int8 or int4) copy of the HF checkpoint ``src`` to ``dst``
+    (replaced atomically).
 
     Deterministic: the same ``src`` always gives byte-identical files. A
-    matrix already stored as int8 + scale is kept as it is.
+    matrix already stored in the form it is written in is kept as it is; one
+    stored in the other form is dequantized and quantized again.
     """
     cfg = read_config(src)
     archs = cfg.get("architectures") or []
     if not lean_runs(cfg):
         raise BuildError(
-            f"an int8 draft runs on the lean runtime, which supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
+            f"a {precision} draft runs on the lean runtime, which supports {', '.join(SUPPORTED_ARCHITECTURES)}; "
             f"the draft is {archs or 'of unknown architecture'} (use --draft-quant none)"
         )
     tensors = read_tensors(src)
@@ -100,24 +120,53 @@ def write_int8_checkpoint(src: Path, dst: Path) -> Int8Checkpoint:
     quantized = kept_float = 0
     for name in sorted(tensors):
         t = tensors[name]
-        if name.endswith(SCALE_SUFFIX) and tensors.get(name[: -len(SCALE_SUFFIX)], t).dtype == torch.int8:
+        if is_side_tensor(tensors, name):
             continue  # written with its matrix below
-        if t.dtype == torch.int8:
-            scale = tensors.get(name + SCALE_SUFFIX)
-            if scale is None:
-                raise BuildError(f"{src}: int8 tensor {name!r} has no {name + SCALE_SUFFIX!r}")
-            out[name], out[name + SCALE_SUFFIX] = t.contiguous(), scale.float().contiguous()
-            quantized += 1
-        elif t.dim() == 2 and t.is_floating_point():
-            q, scale = quantize_int8(t)
-            out[name], out[name + SCALE_SUFFIX] = q.contiguous(), scale.contiguous()
+        if t.dtype in _STORED or (t.dim() == 2 and t.is_floating_point()):
+            out.update(_quantized(tensors, name, _form(name, precision)))
             quantized += 1
         else:
             out[name] = t.float().contiguous()
             kept_float += 1
     if quantized == 0:
         raise BuildError(f"{src} has no 2-D weights to quantize")
-    cfg[QUANT_KEY] = dict(INT8_SPEC)
+    cfg[QUANT_KEY] = dict(QUANT_SPECS[precision])
+    _write_dir(src, dst, out, cfg)
+    return QuantizedCheckpoint(path=dst, precision=precision, quantized_matrices=quantized, float_tensors=kept_float)
+
+
+_STORED = {torch.int8: "int8", torch.uint8: "int4"}  # a stored matrix's form, by its dtype (llama.stored_float)
+
+
+def _form(name: str, precision: str) -> str:
+    """How a matrix is written: int4 only the layers' (the embedding and LM head stay int8, as the runtime runs them)."""
+    return "int4" if precision == "int4" and name.startswith(LAYERS) else "int8"
+
+
+def _quantized(tensors: dict[str, torch.Tensor], name: str, form: str) -> dict[str, torch.Tensor]:
+    """Matrix ``name`` and its side tensors in ``form``: as stored where it already is, else quantized."""
+    t = tensors[name]
+    if _STORED.get(t.dtype) == form:
+        sides = (SCALE_SUFFIX, ZERO_SUFFIX) if form == "int4" else (SCALE_SUFFIX,)
+        missing = [name + sfx for sfx in sides if name + sfx not in tensors]
+        if missing:
+            raise BuildError(f"a {form} tensor {name!r} has no {missing[0]!r}")
+        return {name: t.contiguous(), **{name + sfx: tensors[name + sfx].contiguous() for sfx in sides}}
+    w = stored_float(tensors, name)
+    if form == "int8":
+        q, scale = quantize_int8(w)
+        return {name: q.contiguous(), name + SCALE_SUFFIX: scale.contiguous()}
+    try:
+        check_int4_shape(name, w.shape)
+    except CheckpointError as e:
+        raise BuildError(f"{e}: use --draft-quant int8") from None
+    q, scale, zero = quantize_int4(w)
+    return {name: pack_int4_codes(q), name + SCALE_SUFFIX: scale.to(torch.bfloat16).contiguous(),
+            name + ZERO_SUFFIX: zero.to(torch.bfloat16).contiguous()}
+
+
+def _write_dir(src: Path, dst: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
+    """``dst`` (replaced atomically): ``tensors`` in one safetensors file, ``cfg``, and ``src``'s side files."""
     tmp = dst.with_name(dst.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -125,14 +174,13 @@ def write_int8_checkpoint(src: Path, dst: Path) -> Int8Checkpoint:
     from safetensors.torch import save_file
 
     # One metadata key only: safetensors writes its metadata map in no fixed order.
-    save_file(out, str(tmp / WEIGHT_FILE), metadata={"format": "pt"})
+    save_file(tensors, str(tmp / WEIGHT_FILE), metadata={"format": "pt"})
     (tmp / WEIGHT_FILE).chmod(0o644)  # safetensors writes 0600; servers may run as another user
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     copy_side_files(src, tmp)
     if dst.exists():
         shutil.rmtree(dst)
     tmp.rename(dst)
-    return Int8Checkpoint(path=dst, quantized_matrices=quantized, float_tensors=kept_float)
 
 
 # -- measuring what it cost -------------------------------------------------------------
@@ -273,7 +321,7 @@ class QuantReport:
 def measure_quantization(
     target: Path,
     draft_float: Path,
-    draft_int8: Path | None,
+    draft_written: Path | None,
     probe: ProbeSettings,
     say: Say = lambda _m: None,
     precision: str = "int8",
@@ -281,17 +329,17 @@ def measure_quantization(
     """Compare the draft in float with its quantized form (``precision``: int8 or int4), on CPU with
     the torch runtime.
 
-    ``draft_int8``: the written int8 checkpoint (loaded as the server will:
-    precision ``auto``, which must resolve to int8); ``None`` quantizes
+    ``draft_written``: the written checkpoint (loaded as the server will:
+    precision ``auto``, which must resolve to ``precision``); ``None`` quantizes
     ``draft_float`` in memory at ``precision``: int4 as the server does, and
     int8 with the same scheme as TensorRT-LLM's W8A16 (per-channel symmetric).
     """
     say("loading the draft in float")
     before = load_model(draft_float, "fp32", device="cpu")
     say(f"loading the {precision} draft")
-    after = load_model(draft_int8, "auto", device="cpu") if draft_int8 else load_model(draft_float, precision, device="cpu")
+    after = load_model(draft_written or draft_float, "auto" if draft_written else precision, device="cpu")
     if after.precision != precision:
-        raise BuildError(f"the {precision} draft at {draft_int8} loads as {after.precision}, not {precision}")
+        raise BuildError(f"the {precision} draft at {draft_written} loads as {after.precision}, not {precision}")
     fig_before = fig_after = None
     if probe.num_prompts > 0:
         prompts = load_probe_prompts(probe.prompts_file)[: probe.num_prompts]

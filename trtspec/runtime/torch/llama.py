@@ -14,7 +14,7 @@ architectures go through :mod:`trtspec.runtime.torch.hf`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -155,15 +155,76 @@ def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return q.reshape(out, inp), scale, lo + 8.0 * scale
 
 
-def int4_weight(w: torch.Tensor, name: str, dtype: torch.dtype) -> Int4Weight:
-    """``w`` ``[out, in]`` as an :class:`Int4Weight` for the CPU, scales and zeros in ``dtype``."""
-    out, inp = w.shape
+def check_int4_shape(name: str, shape: Sequence[int]) -> None:
+    """Refuse, in one line, a matrix torch's CPU int4 kernel cannot take."""
+    out, inp = shape
     if out % INT4_OUT_MULTIPLE or inp % INT4_GROUP:
         raise CheckpointError(f"int4 needs each layer matrix's outputs a multiple of {INT4_OUT_MULTIPLE} and its "
                               f"inputs a multiple of {INT4_GROUP}; {name} is [{out}, {inp}] (use int8)")
-    q, scale, zero = quantize_int4(w)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+
+
+def int4_weight(w: torch.Tensor, name: str, dtype: torch.dtype) -> Int4Weight:
+    """``w`` ``[out, in]`` (float) as an :class:`Int4Weight` for the CPU, scales and zeros in ``dtype``."""
+    check_int4_shape(name, w.shape)
+    return int4_from_codes(*quantize_int4(w), dtype)
+
+
+def int4_from_codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> Int4Weight:
+    """:func:`quantize_int4`'s ``(q, scale, zero)`` packed for torch's CPU kernel, scales and zeros in ``dtype``."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
     return Int4Weight(packed=packed, scale_zeros=torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous())
+
+
+# A stored int4 matrix (an int4 checkpoint, ``trtspec build --draft-quant int4``): ``name`` uint8
+# [out, in / 2], two codes a byte, the even input's in the low nibble; ``name_scale`` and ``name_zero``
+# [out, in / INT4_GROUP] in bfloat16, as the runtime holds them. A stored int8 matrix: ``name`` int8
+# [out, in] and ``name_scale`` [out].
+SCALE_SUFFIX, ZERO_SUFFIX = "_scale", "_zero"
+
+
+def pack_int4_codes(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``q`` [out, in] in 0..15 as uint8 [out, in / 2] (the stored form above)."""
+    pairs = q.to(torch.uint8).reshape(q.shape[0], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+
+def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """:func:`pack_int4_codes` undone: int32 [out, in]."""
+    return torch.stack([packed & 15, packed >> 4], dim=-1).reshape(packed.shape[0], -1).to(torch.int32)
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """``(q - 8) * scale + zero`` per group of :data:`INT4_GROUP` inputs, float32 [out, in]."""
+    out = q.shape[0]
+    groups = (q.float() - 8.0).reshape(out, -1, INT4_GROUP) * scale.float()[..., None] + zero.float()[..., None]
+    return groups.reshape(out, -1)
+
+
+def stored_float(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """Tensor ``name`` as stored, dequantized where the checkpoint holds it as int8 or int4 (above)."""
+    t = _stored(tensors, name)
+    if t.dtype == torch.int8:
+        return t.float() * _stored(tensors, name + SCALE_SUFFIX).float()[:, None]
+    if t.dtype == torch.uint8:
+        scale, zero = _stored(tensors, name + SCALE_SUFFIX), _stored(tensors, name + ZERO_SUFFIX)
+        return dequantize_int4(unpack_int4_codes(t), scale, zero)
+    return t
+
+
+def is_side_tensor(tensors: Mapping[str, torch.Tensor], name: str) -> bool:
+    """Whether ``name`` is a stored int8 / int4 matrix's scale or zero (read with its matrix)."""
+    for sfx in (SCALE_SUFFIX, ZERO_SUFFIX):
+        base = tensors.get(name[: -len(sfx)]) if name.endswith(sfx) else None
+        if base is not None and base.dtype in (torch.int8, torch.uint8):
+            return True
+    return False
+
+
+def _stored(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    t = tensors.get(name)
+    if t is None:
+        raise CheckpointError(f"checkpoint lacks tensor {name!r}")
+    return t
 
 
 def cpu_packing() -> bool:
@@ -292,7 +353,7 @@ class LlamaWeights:
     """The whole model's weights in the layout the forward pass wants.
 
     ``tensors`` maps HF parameter names to float tensors; a matrix may instead
-    come pre-quantized as ``name`` (int8) plus ``name + "_scale"`` ([out]).
+    come pre-quantized (int8, or int4: :func:`stored_float`'s forms).
     With ``quant="int8"`` every matrix (embedding and LM head included) runs as
     weight-only int8 with activations in ``dtype`` (bfloat16); float matrices are
     quantized on load with :func:`quantize_int8`. With ``quant="int4"`` (CPU
@@ -354,10 +415,7 @@ class _Reader:
         self.pack = pack and not self.int8 and packs(dtype, device.type)
 
     def raw(self, name: str) -> torch.Tensor:
-        t = self.tensors.get(name)
-        if t is None:
-            raise CheckpointError(f"checkpoint lacks tensor {name!r}")
-        return t
+        return _stored(self.tensors, name)
 
     def vec(self, name: str) -> torch.Tensor:
         return self.raw(name).to(device=self.device, dtype=self.dtype).contiguous()
@@ -383,14 +441,19 @@ class _Reader:
 
     def mat(self, *names: str) -> Weight:
         """A layer's matrix: ``names`` stacked (fused q/k/v, gate/up)."""
-        if self.quant == "int4":
-            return int4_weight(torch.cat([self.as_float(n) for n in names]), names[0], self.dtype)
-        return self.packed(self.dense(*names))
+        if self.quant != "int4":
+            return self.packed(self.dense(*names))
+        if all(self.raw(n).dtype == torch.uint8 for n in names):  # stored int4: its codes as they are
+            codes = [(unpack_int4_codes(self.raw(n)), self.raw(n + SCALE_SUFFIX), self.raw(n + ZERO_SUFFIX))
+                     for n in names]
+            q, scale, zero = (torch.cat(parts) for parts in zip(*codes, strict=True))
+            check_int4_shape(names[0], q.shape)
+            return int4_from_codes(q, scale, zero, self.dtype)
+        return int4_weight(torch.cat([self.as_float(n) for n in names]), names[0], self.dtype)
 
     def as_float(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` as stored, or dequantized where the checkpoint holds it as int8 + scale."""
-        t = self.raw(name)
-        return t.float() * self.raw(name + "_scale").float()[:, None] if t.dtype == torch.int8 else t
+        """Tensor ``name`` as stored, or dequantized where the checkpoint holds it as int8 or int4."""
+        return stored_float(self.tensors, name)
 
     def dense(self, *names: str) -> Weight:
         """``names`` stacked, plain: int8 (pre-quantized, or quantized here) where ``quant`` is set; else in
@@ -400,7 +463,8 @@ class _Reader:
         parts = []
         for name in names:
             t = self.raw(name)
-            parts.append((t, self.raw(name + "_scale").float()) if t.dtype == torch.int8 else quantize_int8(t))
+            parts.append((t, self.raw(name + SCALE_SUFFIX).float()) if t.dtype == torch.int8
+                         else quantize_int8(self.as_float(name)))
         q = torch.cat([t for t, _ in parts]).to(self.device).contiguous()
         scale = torch.cat([sc for _, sc in parts]).to(self.device, self.dtype)
         return Int8Weight(q=q, scale=scale)

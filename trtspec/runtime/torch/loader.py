@@ -2,9 +2,11 @@
 
 Precision ``auto`` runs what the checkpoint says: an int8 checkpoint (int8
 tensors, or ``trtspec_quantization`` in ``config.json``) as weight-only int8
-with bfloat16 activations, anything else in float32 on CPU and bfloat16 on
-CUDA. ``int4`` (asked for; CPU only) quantizes the layers' matrices from the
-float weights on load (``llama.quantize_int4``), the embedding and LM head to int8.
+with bfloat16 activations, an int4 one (uint8 codes, ``llama.stored_float``)
+as int4 on the CPU and int8 elsewhere, anything else in float32 on CPU and
+bfloat16 on CUDA. ``int4`` (CPU only) runs the layers' matrices as weight-only
+int4: an int4 checkpoint's codes as stored, float weights quantized on load
+(``llama.quantize_int4``); the embedding and LM head run as int8.
 
 Shapes (lean runtime, :mod:`trtspec.runtime.torch.shapes`): ``exact`` makes
 every pass the same number of rows, so speculation changes no bit of the
@@ -160,25 +162,29 @@ def resolve_checkpoint(path: str | Path, progress: Callable[[str], None] | None 
     return p
 
 
-def checkpoint_precision(cfg: dict, path: Path | None = None) -> str | None:
-    """``int8`` for an int8 checkpoint (``trtspec_quantization`` in the config, or int8 tensors in ``path``)."""
+_QUANT_METHODS = {"int8_weight_only": "int8", "int4_weight_only": "int4"}
+
+
+def checkpoint_precision(cfg: dict, path: Path | None = None, device: str = "cpu") -> str | None:
+    """``int8`` or ``int4`` for a quantized checkpoint (``trtspec_quantization`` in the config, or
+    int8 / uint8 tensors in ``path``), None for a float one. An int4 checkpoint runs as int8 off the
+    CPU (torch's int4 kernel is the CPU's)."""
     q = cfg.get(QUANT_KEY)
-    if isinstance(q, dict) and q.get("method") == "int8_weight_only":
-        return "int8"
-    if path is not None and _has_int8_tensors(path):
-        return "int8"
-    return None
+    found = _QUANT_METHODS.get(q.get("method")) if isinstance(q, dict) else None
+    if found is None and path is not None:
+        found = _stored_quantization(path)
+    return "int8" if found == "int4" and not device.startswith("cpu") else found
 
 
-def _has_int8_tensors(path: Path) -> bool:
-    """Whether any safetensors file in ``path`` holds an int8 tensor (reads headers only)."""
+def _stored_quantization(path: Path) -> str | None:
+    """``int4`` if a safetensors file in ``path`` holds a uint8 tensor, ``int8`` an int8 one (headers only)."""
     from safetensors import safe_open
 
+    dtypes = set()
     for f in sorted(path.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
-            if any(st.get_slice(name).get_dtype() == "I8" for name in st.keys()):
-                return True
-    return False
+            dtypes.update(st.get_slice(name).get_dtype() for name in st.keys())
+    return "int4" if "U8" in dtypes else "int8" if "I8" in dtypes else None
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -232,7 +238,7 @@ def load_model(
     cfg = read_config(hf_dir)
     dev = resolve_device(device)
     if precision == "auto":
-        precision = checkpoint_precision(cfg, hf_dir) or ("fp32" if dev == "cpu" else "bf16")
+        precision = checkpoint_precision(cfg, hf_dir, dev) or ("fp32" if dev == "cpu" else "bf16")
     archs = cfg.get("architectures") or []
     lean_ok = lean_runs(cfg)
     if impl == "auto":
