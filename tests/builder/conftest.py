@@ -22,6 +22,7 @@ def _options(target: Path, draft: Path | None, root: Path, **overrides) -> Build
         model_repo=root / "model_repo",
         probe=FAST_PROBE,
         max_sessions=4,
+        draft_quant="int8",  # the tests' figures are int8's; auto depends on the CPU (test_auto_draft_quant_*)
     )
     base.update(overrides)
     return BuildOptions(**base)

@@ -30,7 +30,7 @@ def target_args(target: Path, root: Path) -> list[str]:
 
 
 def base_args(target: Path, draft: Path, root: Path) -> list[str]:
-    return target_args(target, root) + ["--draft", str(draft)]
+    return target_args(target, root) + ["--draft", str(draft), "--draft-quant", "int8"]
 
 
 def test_json_result(tiny_target: Path, tiny_draft: Path, tmp_path: Path) -> None:
@@ -138,7 +138,7 @@ def test_without_a_draft_refusals_are_one_line(tiny_target: Path, tmp_path: Path
 @pytest.mark.slow
 def test_demo_build(tmp_path: Path) -> None:
     """The real pair: SmolLM2-135M-Instruct, its draft quantized to INT8 by the build."""
-    res = runner.invoke(app, ["build", "--demo", "--engines", str(tmp_path / "engines"),
+    res = runner.invoke(app, ["build", "--demo", "--draft-quant", "int8", "--engines", str(tmp_path / "engines"),
                               "--model-repo", str(tmp_path / "model_repo"), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -152,7 +152,7 @@ def test_demo_build(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_build_with_an_int4_draft(tmp_path: Path) -> None:
-    """The same pair with --draft-quant int4: the float draft served at int4, its cost measured."""
+    """The same pair with --draft-quant int4: the int4 draft written and served at int4, its cost measured."""
     res = runner.invoke(app, ["build", "--demo", "--draft-quant", "int4", "--engines", str(tmp_path / "engines"),
                               "--model-repo", str(tmp_path / "model_repo"), "--json"])
     assert res.exit_code == 0, res.output

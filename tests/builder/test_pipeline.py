@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
 from trtspec.builder.manifest import sha256_file, verify_engines
@@ -151,6 +152,31 @@ def test_int4_draft_is_written_and_served_at_int4(tiny_options, tiny_draft: Path
         run_build(tiny_options(tmp_path / "gpu", draft_quant="int4", device_memory_bytes=80 * GiB))
 
 
+@pytest.mark.parametrize("capability, chosen", [("AVX512", "int4"), ("AVX2", "int4"), ("DEFAULT", "int8")])
+def test_auto_draft_quant_takes_int4_where_its_kernel_is_vectorized(
+    tiny_options, tmp_path: Path, monkeypatch, capability: str, chosen: str
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    r = run_build(tiny_options(tmp_path, draft_quant="auto"))
+    assert r.manifest.build_options["draft_quant"] == chosen and r.manifest.models["draft"].precision == chosen
+    assert r.quantization is not None and r.quantization.precision_after == chosen
+    assert checkpoint_precision(read_config(r.engine_dir / "draft"), r.engine_dir / "draft") == chosen
+    said = [n for n in r.notes if n.startswith("--draft-quant auto")]
+    assert said == ([] if chosen == "int4" else
+                    ["--draft-quant auto: int8, not int4 (this CPU's torch kernels are DEFAULT: int4 runs there "
+                     "slower than int8)"])
+
+
+def test_auto_draft_quant_is_int8_off_the_cpu(tiny_options, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("trtspec.builder.pipeline.resolve_device", lambda _device: "cuda")  # no GPU here
+    r = run_build(tiny_options(tmp_path, draft_quant="auto", dry_run=True, device_memory_bytes=80 * GiB))
+    assert r.manifest.build_options["draft_quant"] == "int8"
+    assert r.manifest.models["draft"].precision == "bf16"  # the torch runtime's int8 is the CPU's
+    trtllm = run_build(tiny_options(tmp_path / "trt", draft_quant="auto", backend="trtllm", dry_run=True,
+                                    device_memory_bytes=80 * GiB))
+    assert trtllm.manifest.build_options["draft_quant"] == "int8" and trtllm.manifest.models["draft"].precision == "w8a16"
+
+
 def test_draft_without_quantization(tiny_options, tiny_draft: Path, tmp_path: Path) -> None:
     r = run_build(tiny_options(tmp_path, draft_quant="none"))
     assert r.quantization is None and r.manifest.quantization.draft == {"method": "none"}
@@ -268,7 +294,7 @@ def test_bad_options_are_refused(tiny_options, tmp_path: Path) -> None:
         (dict(name="../escape"), "--name"),
         (dict(max_sessions=0), "max-sessions"),
         (dict(max_context=1), "max-context"),
-        (dict(draft_quant="int2"), "--draft-quant must be int8, int4 or none, got 'int2'"),
+        (dict(draft_quant="int2"), "--draft-quant must be one of auto, int8, int4, none, got 'int2'"),
         (dict(draft_quant="int4", backend="trtllm"), "--draft-quant int4 is the torch runtime's"),
     ):
         with pytest.raises(BuildError, match=message):

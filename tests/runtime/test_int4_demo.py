@@ -4,6 +4,7 @@ speculation with it is the target's own output."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 from trtspec.runtime.pair import load_pair
@@ -36,3 +37,22 @@ def test_demo_pair_with_the_int4_draft_is_the_targets_greedy_output(demo_pair_pa
         assert out.token_ids == dec.generate(req, FixedDraftLength(0)).token_ids, prompt
         drafted, accepted = drafted + out.stats.drafted_tokens, accepted + out.stats.accepted_tokens
     assert accepted / drafted > 0.5  # a draft that runs the target's own weights: most of its tokens hold
+
+
+@pytest.mark.parametrize("capability, precision", [("AVX512", "int4"), ("DEFAULT", "int8")])
+def test_generate_demo_drafts_at_int4_where_it_runs_well(demo_pair_paths, monkeypatch, capability, precision):
+    """`trtspec generate --local --demo` picks the demo's draft as `trtspec demo` does: int4 where torch's
+    int4 kernel is vectorized, the INT8 copy elsewhere."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from trtspec.cli.main import app
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    res = CliRunner().invoke(app, ["generate", "--local", "--demo", "-p", "Name three primary colors.", "-n", "8",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    draft = json.loads(res.stdout)["models"]["draft"]
+    assert draft["precision"] == precision
+    assert draft["path"] == str(demo_pair_paths.draft_at(precision))

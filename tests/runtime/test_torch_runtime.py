@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -212,6 +213,17 @@ def test_int4_refuses_what_its_kernel_cannot_take(tiny_target):
     cfg = LlamaConfig.from_hf(read_config(tiny_target))
     with pytest.raises(CheckpointError, match="int4 weight-only runs on the CPU.*on cuda use int8"):
         LlamaWeights(cfg, read_tensors(tiny_target), torch.bfloat16, "cuda", quant="int4")
+
+
+def test_int4_unfit_names_the_matrix_or_the_cpu(tiny_target, monkeypatch):
+    cfg = LlamaConfig.from_hf(read_config(tiny_target))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert llama.int4_unfit(cfg) is None
+    odd = dataclasses.replace(cfg, intermediate_size=cfg.intermediate_size + 16)
+    assert llama.int4_unfit(odd) == (f"int4 needs each layer matrix's outputs a multiple of 16 and its inputs a "
+                                     f"multiple of 32; down_proj is [{cfg.hidden_size}, {odd.intermediate_size}] (use int8)")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert "kernels are DEFAULT" in llama.int4_unfit(cfg)
 
 
 def test_int4_model_runs_its_grid_with_int8_embedding_and_head(tiny_target, tmp_path):

@@ -72,6 +72,7 @@ from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.runtime.torch.loader import (
     argmax_head_bytes,
     checkpoint_precision,
+    int4_draft_unfit,
     kv_cache_dtype,
     read_config,
     resolve_checkpoint,
@@ -102,6 +103,9 @@ class StepEvent:
 Progress = Callable[[StepEvent], None]
 
 
+DRAFT_QUANTS = ("auto", "int8", "int4", "none")
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     target: Path
@@ -111,7 +115,7 @@ class BuildOptions:
     model_repo: Path | None = Path("model_repo")  # None: do not write one
     model_name: str = SPEC_DECODE  # the name spec_decode is served under
     backend: Literal["torch", "trtllm"] = "torch"
-    draft_quant: Literal["int8", "int4", "none"] = "int8"  # int4: the torch backend on a CPU
+    draft_quant: Literal["auto", "int8", "int4", "none"] = "auto"  # auto: int4 where it runs fast (_auto_draft_quant), else int8
     max_draft_len: int = SpecDecodeParams.draft_length  # k, for the free drafters too
     default_drafter: str | None = None  # model | ngram | suffix | auto; None: default_drafter_for(a draft given)
     policy_file: Path | None = None
@@ -131,7 +135,7 @@ class BuildOptions:
 
     @property
     def applied_draft_quant(self) -> str | None:
-        """``draft_quant``, or None without a draft model (nothing to quantize)."""
+        """``draft_quant`` (resolved by the check step where it is ``auto``), or None without a draft model."""
         return self.draft_quant if self.draft is not None else None
 
     def validate(self) -> None:
@@ -144,8 +148,8 @@ class BuildOptions:
                              "for the torch backend only")
         if self.draft is None and self.default_drafter == "model":
             raise BuildError("--default-drafter model needs a draft model: pass --draft, or choose ngram, suffix or auto")
-        if self.draft_quant not in ("int8", "int4", "none"):
-            raise BuildError(f"--draft-quant must be int8, int4 or none, got {self.draft_quant!r}")
+        if self.draft_quant not in DRAFT_QUANTS:
+            raise BuildError(f"--draft-quant must be one of {', '.join(DRAFT_QUANTS)}, got {self.draft_quant!r}")
         if self.draft_quant == "int4" and self.backend == "trtllm":
             raise BuildError("--draft-quant int4 is the torch runtime's (CPU); --backend trtllm builds the "
                              "draft as W8A16 (int8) or as it is (none)")
@@ -435,7 +439,7 @@ def _check(opts: BuildOptions, rep: _Reporter) -> _Ctx:
     say = rep.say("check")
     notes: list[str] = []
     device = resolve_device("auto") if opts.backend == "torch" else "cuda"
-    target, draft = _sides(opts, device, say, notes)
+    opts, target, draft = _sides(opts, device, say, notes)
     compat = _compat(target, draft, say)
     max_context = min(compat.max_context, opts.max_context or compat.max_context)
     if opts.policy_file is not None:
@@ -459,16 +463,32 @@ def _check(opts: BuildOptions, rep: _Reporter) -> _Ctx:
                 inputs, inputs_sha256, prev, trt_version, device)
 
 
-def _sides(opts: BuildOptions, device: str, say: Callable[[str], None], notes: list[str]) -> tuple[_Side, _Side | None]:
-    """Target and draft (None without one) as the server will run them."""
+def _sides(opts: BuildOptions, device: str, say: Callable[[str], None],
+           notes: list[str]) -> tuple[BuildOptions, _Side, _Side | None]:
+    """Target and draft (None without one) as the server will run them; ``opts`` with ``--draft-quant
+    auto`` resolved."""
     t_dir = resolve_checkpoint(opts.target, say)
     t_cfg = read_config(t_dir)
     target = _side("target", t_dir, t_cfg, _target_precision(opts, t_cfg, t_dir, device))
     if opts.draft is None:
-        return target, None
+        return opts, target, None
     d_dir = resolve_checkpoint(opts.draft, say)
     d_cfg = read_config(d_dir)
-    return target, _side("draft", d_dir, d_cfg, _draft_precision(opts, d_cfg, d_dir, device, notes))
+    if opts.draft_quant == "auto":
+        opts = replace(opts, draft_quant=_auto_draft_quant(opts.backend, d_cfg, device, notes))
+    return opts, target, _side("draft", d_dir, d_cfg, _draft_precision(opts, d_cfg, d_dir, device, notes))
+
+
+def _auto_draft_quant(backend: str, cfg: dict, device: str, notes: list[str]) -> str:
+    """``--draft-quant auto``: int4 where the torch runtime serves the draft at int4 well
+    (:func:`~trtspec.runtime.torch.loader.int4_draft_unfit`), else int8 (TensorRT-LLM: W8A16)."""
+    if backend != "torch":
+        return "int8"
+    why = int4_draft_unfit(cfg, device)
+    if why is not None:
+        notes.append(f"--draft-quant auto: int8, not int4 ({why})")
+        return "int8"
+    return "int4"
 
 
 def _side(role: str, src: Path, cfg: dict, precision: str) -> _Side:

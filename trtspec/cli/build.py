@@ -21,6 +21,7 @@ class Backend(str, enum.Enum):
 
 
 class DraftQuant(str, enum.Enum):
+    auto = "auto"
     int8 = "int8"
     int4 = "int4"
     none = "none"
@@ -33,7 +34,7 @@ def build(
     demo: Annotated[bool, typer.Option(
         "--demo", help="SmolLM2-135M-Instruct as target, and as draft its quantized copy (--draft-quant) made by this build.")] = False,
     backend: Annotated[Backend, typer.Option("--backend", help="torch: the torch runtime; trtllm: TensorRT-LLM engines.")] = Backend.torch,
-    draft_quant: Annotated[DraftQuant, typer.Option("--draft-quant", help="int8: weight-only INT8 draft; int4: weight-only INT4 layers (torch runtime, CPU; quantized at load); none: as is.")] = DraftQuant.int8,
+    draft_quant: Annotated[DraftQuant, typer.Option("--draft-quant", help="auto: int4 where the torch runtime serves the draft on a CPU with AVX2/AVX-512 and its shapes fit, else int8; int8: weight-only INT8; int4: INT4 layers, INT8 embedding and head (torch runtime, CPU); none: as is.")] = DraftQuant.auto,
     max_draft_len: Annotated[int, typer.Option("--max-draft-len", help="Most draft tokens per iteration (any drafter).")] = SpecDecodeParams.draft_length,
     default_drafter: Annotated[DrafterKind | None, typer.Option(
         "--default-drafter", help="What drafts for requests that name no drafter (default: model with --draft, ngram without).")] = None,

@@ -27,7 +27,7 @@ def demo(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="New tokens per request.")] = 64,
     prompts: Annotated[int, typer.Option("--prompts", help=f"How many demo prompts (1..{len(DEMO_PROMPTS)}).")] = 2,
     draft_quant: Annotated[DraftQuant, typer.Option(
-        "--draft-quant", help="int8: the INT8 draft; int4: INT4 layers (CPU; the GGUF's Q4_1 as it is); none: float.")] = DraftQuant.int8,
+        "--draft-quant", help="auto: int4 on a CPU with AVX2/AVX-512, else int8; int8: the INT8 draft; int4: INT4 layers (CPU; the GGUF's Q4_1 as it is); none: float.")] = DraftQuant.auto,
     json_out: JsonOpt = False,
 ) -> None:
     """Build the demo pair, serve it on a real tritonserver, send requests, print text and stats, stop."""
@@ -51,7 +51,8 @@ def demo(
                 model_repo=out / "model_repo",
             )
         )
-        say(f"[build] {result.model_repo} (engines in {result.engine_dir})")
+        say(f"[build] {result.model_repo} (engines in {result.engine_dir}; the draft "
+            f"{result.manifest.build_options['draft_quant']})")
         install = find_tritonserver()
         log_file = out / "tritonserver.log"
         say(f"[serve] starting {install.executable}; log: {log_file}")

@@ -30,7 +30,7 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8|int4")] = "auto",
-    draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights)")] = "auto",
+    draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights; with --demo, auto is int4 where it runs well, else the INT8 copy)")] = "auto",
     exact: Annotated[bool | None, typer.Option("--exact/--no-exact", help="Same output with speculation on or off, bit for bit (default: on with CUDA, off on CPU).")] = None,
     url: Annotated[str | None, typer.Option("--url", help="A running server, HOST:PORT (gRPC; the HTTP port with --http).")] = None,
     http: Annotated[bool, typer.Option("--http", help="With --url: Triton's HTTP generate endpoints.")] = False,
@@ -59,7 +59,7 @@ def generate(
     if demo:
         if target or draft:
             fail("--demo and --target/--draft are mutually exclusive")
-        target, draft = _demo_paths(draft_precision, json_out)
+        target, draft, draft_precision = _demo_paths(draft_precision, json_out)
     if target is None:
         fail("--target (or --demo) is required")
     if k < 0:
@@ -99,13 +99,17 @@ def generate(
     _report(gen.result, pair, k if use_draft else 0, drafter.value if use_draft else None, json_out)
 
 
-def _demo_paths(draft_precision: str, json_out: bool) -> tuple[Path, Path]:
-    """The demo pair's target and, for ``draft_precision``, draft (prepared on first use)."""
+def _demo_paths(draft_precision: str, json_out: bool) -> tuple[Path, Path, str]:
+    """The demo pair's target and, for ``draft_precision``, draft (prepared on first use), and the
+    draft's precision: ``auto`` is int4 where it runs well, as for ``trtspec demo``."""
     from trtspec.runtime.demo import prepare_demo
+    from trtspec.runtime.torch.loader import int4_draft_unfit, read_config, resolve_device
 
     with domain_errors():
         paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
-    return paths.target, paths.draft_at(draft_precision)
+        if draft_precision == "auto" and int4_draft_unfit(read_config(paths.target), resolve_device()) is None:
+            draft_precision = "int4"
+    return paths.target, paths.draft_at(draft_precision), draft_precision
 
 
 def _report(result, pair, k: int, drafter: str | None, json_out: bool) -> None:

@@ -169,6 +169,25 @@ def int4_weight(w: torch.Tensor, name: str, dtype: torch.dtype) -> Int4Weight:
     return int4_from_codes(*quantize_int4(w), dtype)
 
 
+def int4_unfit(cfg: LlamaConfig) -> str | None:
+    """Why int4 would not serve this model well on this CPU (None: it would). torch's CPU int4 kernel
+    is vectorized for AVX2 and AVX-512 only; elsewhere (ATen's ``DEFAULT`` kernels) it is scalar and
+    slower than int8: the demo draft's step 426 ms at int4, 70 ms at int8, the fp32 target's 35
+    (``ATEN_CPU_CAPABILITY=default`` on a Zen 4). And the kernel takes only some shapes
+    (:func:`check_int4_shape`)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"this CPU's torch kernels are {capability}: int4 runs there slower than int8"
+    h, q, kv, inter = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    shapes = {"q_proj": (q, h), "k_proj": (kv, h), "o_proj": (h, q), "gate_proj": (inter, h), "down_proj": (h, inter)}
+    for name, shape in shapes.items():
+        try:
+            check_int4_shape(name, shape)
+        except CheckpointError as e:
+            return str(e)
+    return None
+
+
 def int4_from_codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> Int4Weight:
     """:func:`quantize_int4`'s ``(q, scale, zero)`` packed for torch's CPU kernel, scales and zeros in ``dtype``."""
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)

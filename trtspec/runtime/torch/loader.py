@@ -39,6 +39,7 @@ from trtspec.runtime.torch.llama import (
     SUPPORTED_ARCHITECTURES,
     LlamaConfig,
     LlamaWeights,
+    int4_unfit,
     kv_dtype,
     lean_runs,
     packs,
@@ -185,6 +186,17 @@ def _stored_quantization(path: Path) -> str | None:
         with safe_open(str(f), framework="pt") as st:
             dtypes.update(st.get_slice(name).get_dtype() for name in st.keys())
     return "int4" if "U8" in dtypes else "int8" if "I8" in dtypes else None
+
+
+def int4_draft_unfit(cfg: dict, device: str) -> str | None:
+    """Why a draft of config ``cfg`` should not run at int4 on ``device`` (None: it should; then it
+    drafts faster than at int8, docs/runtime.md "INT4 draft"): what ``auto`` picks for the demo's
+    draft and ``trtspec build --draft-quant auto``."""
+    if not device.startswith("cpu"):
+        return f"int4 runs on the CPU; the draft runs on {device}"
+    if not lean_runs(cfg):
+        return f"the lean runtime, which runs int4, supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+    return int4_unfit(LlamaConfig.from_hf(cfg))
 
 
 def compute_dtype(precision: str) -> torch.dtype:
