@@ -66,12 +66,17 @@ def test_loader_runs_the_artefact_as_int8(tiny_draft: Path, int8_dir: Path) -> N
     assert torch.equal(a, b)
 
 
-def test_int8_tensors_alone_are_detected_as_int8(int8_dir: Path, tmp_path: Path) -> None:
-    bare = tmp_path / "bare"
-    shutil.copytree(int8_dir, bare)
-    cfg = read_config(bare)
+def bare_copy(checkpoint: Path, dst: Path) -> tuple[Path, dict]:
+    """A copy of ``checkpoint`` whose config says nothing of its quantization, and that config."""
+    shutil.copytree(checkpoint, dst)
+    cfg = read_config(dst)
     del cfg[QUANT_KEY]
-    (bare / "config.json").write_text(json.dumps(cfg))
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst, cfg
+
+
+def test_int8_tensors_alone_are_detected_as_int8(int8_dir: Path, tmp_path: Path) -> None:
+    bare, cfg = bare_copy(int8_dir, tmp_path / "bare")
     assert checkpoint_precision(cfg) is None  # the config alone says nothing...
     assert checkpoint_precision(cfg, bare) == "int8"  # ...the int8 tensors do
     assert load_model(bare).precision == "int8"
@@ -132,11 +137,7 @@ def test_the_int4_checkpoint_runs_as_quantizing_at_load_does(tiny_draft: Path, i
 
 
 def test_int4_is_detected_by_its_tensors_and_rewriting_it_changes_nothing(int4_dir: Path, tmp_path: Path) -> None:
-    bare = tmp_path / "bare"
-    shutil.copytree(int4_dir, bare)
-    cfg = read_config(bare)
-    del cfg[QUANT_KEY]
-    (bare / "config.json").write_text(json.dumps(cfg))
+    bare, cfg = bare_copy(int4_dir, tmp_path / "bare")
     assert checkpoint_precision(cfg, bare) == "int4"
     again = write_quantized_checkpoint(int4_dir, tmp_path / "again", "int4").path  # an int4 source is kept as it is
     assert sha256_file(again / "model.safetensors") == sha256_file(int4_dir / "model.safetensors")

@@ -29,7 +29,8 @@ of the time each took beyond a typical call (the median one) per token read;
 until ``MIN_READ_SAMPLES`` such calls were measured, the calls' p95 per
 ``PRIOR_READ_TOKENS`` tokens (generous: a proposal of 5 takes about five draft
 steps, and the demo pair's INT8 draft reads 64 tokens in four to six:
-``scripts/bench_prompt_read.py``, 68-109 ms against 18 ms a step, 2 threads).
+``scripts/bench_prompt_read.py``, 68-109 ms against 18 ms a step, 2 threads; the INT4
+draft, the demo's default, in about ten: 105 ms against 10.7 ms, still within the prior).
 The ceiling ``max_s`` bounds the calls' term only.
 
 ``max_s`` until ``min_samples`` calls were measured; a fixed deadline
