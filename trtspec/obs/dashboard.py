@@ -54,12 +54,10 @@ def _p(q: float, spec: M.MetricSpec, by: tuple[str, ...] = ()) -> str:
     return M.quantile_expr(q, spec, "5m", by)
 
 
-def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
-    """The dashboard as Grafana's JSON model."""
+def _paying_panels(cfg: AlertConfig) -> list[dict]:
+    """Is speculation paying: acceptance and rejection rate, by draft position, by sequence length."""
     accepted, tested = M.ACCEPTED_TOKENS.name, M.TESTED_TOKENS.name
-    route = ("route",)
-    on_off = "{{route}}"
-    panels = [
+    return [
         _panel(
             "Acceptance and rejection rate",
             [
@@ -113,6 +111,12 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             ],
             unit="percentunit",
         ),
+    ]
+
+
+def _guard_rail_panels(cfg: AlertConfig) -> list[dict]:
+    """What the guard rails do: draft length, breaker state, fallbacks, routing."""
+    return [
         _panel(
             "Draft length",
             [
@@ -163,6 +167,14 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             ],
             unit="reqps",
         ),
+    ]
+
+
+def _user_panels(cfg: AlertConfig) -> list[dict]:
+    """What users feel: time to first token, inter-token and request latency, speculation on vs off."""
+    route = ("route",)
+    on_off = "{{route}}"
+    return [
         _panel(
             "Time to first token p50 / p99: speculation on vs off",
             [(_p(0.5, M.TTFT, route), f"p50 {on_off}"), (_p(0.99, M.TTFT, route), f"p99 {on_off}")],
@@ -185,6 +197,12 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             ],
             unit="s",
         ),
+    ]
+
+
+def _cost_panels() -> list[dict]:
+    """What it costs: throughput, tokens per draft, step times, memory."""
+    return [
         _panel(
             "Throughput",
             [
@@ -221,6 +239,11 @@ def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
             unit="bytes",
         ),
     ]
+
+
+def dashboard(cfg: AlertConfig = AlertConfig()) -> dict:
+    """The dashboard as Grafana's JSON model."""
+    panels = _paying_panels(cfg) + _guard_rail_panels(cfg) + _user_panels(cfg) + _cost_panels()
     width, height = 12, 8
     for i, p in enumerate(panels):
         p["id"] = i + 1
