@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -263,44 +264,26 @@ def write_model_repo(
         IncompatibleModelsError: the draft cannot speculate for the target.
     """
     repo = Path(repo_dir).expanduser().resolve()
-    target_dir, vocab, target_ctx = checkpoint_facts(Path(target_checkpoint).expanduser(), max_context)
-    draft_dir: Path | None = None
-    draft_ctx: int | None = None
-    if draft_checkpoint is not None:
-        draft_dir, draft_vocab, draft_ctx = checkpoint_facts(Path(draft_checkpoint).expanduser(), max_context)
-        if draft_vocab != vocab:
-            raise IncompatibleModelsError(f"vocabulary size mismatch: target has {vocab} entries, draft has {draft_vocab}")
-    tok_dir = Path(tokenizer_dir).expanduser().resolve() if tokenizer_dir else target_dir.resolve()
-    if check_tokenizers:
-        _check_tokenizers(tok_dir, target_dir, draft_dir, vocab, target_ctx, draft_ctx)
-    extra = {}
-    for label, f in (("policy_file", policy_file), ("manifest_file", manifest_file)):
-        if f is not None and not Path(f).expanduser().is_file():
-            raise CheckpointError(f"{label} not found: {f}")
-        extra[label] = str(Path(f).expanduser().resolve()) if f is not None else ""
-
-    if model_backend not in MODEL_BACKENDS:
-        raise ValueError(f"model_backend must be {' or '.join(MODEL_BACKENDS)}, got {model_backend!r}")
-    if model_name in (TARGET, DRAFT) or not re.fullmatch(r"[A-Za-z0-9_.-]+", model_name) or model_name[0] == ".":
-        raise CheckpointError(f"model name {model_name!r}: letters, digits, '_', '-', '.', and not {TARGET!r} or {DRAFT!r}")
+    pair = _pair_facts(target_checkpoint, draft_checkpoint, tokenizer_dir, max_context, check_tokenizers)
+    _check_names(model_backend, model_name)
     shims = {model_name: SHIMS[SPEC_DECODE], TARGET: SHIMS[TARGET], DRAFT: SHIMS[DRAFT]}
     configs = {
         model_name: spec_decode_config(
             name=model_name,
-            tokenizer_dir=str(tok_dir),
-            vocab_size=vocab,
-            target_max_context=target_ctx,
-            draft_max_context=draft_ctx,
+            tokenizer_dir=str(pair.tokenizer_dir),
+            vocab_size=pair.vocab,
+            target_max_context=pair.target_ctx,
+            draft_max_context=pair.draft_ctx,
             max_tokens_limit=max_tokens_limit,
             draft_length=draft_length,
-            default_drafter=default_drafter or default_drafter_for(draft_dir is not None),
+            default_drafter=default_drafter or default_drafter_for(pair.draft_dir is not None),
             max_concurrency=max_concurrency,
             apply_chat_template=apply_chat_template,
             warmup=warmup,
             instances=spec_decode_instances,
             parameters=spec_decode_parameters,
             model_backend=model_backend,
-            **extra,
+            **_parameter_files(policy_file=policy_file, manifest_file=manifest_file),
         ),
     }
 
@@ -315,14 +298,12 @@ def write_model_repo(
         return shim if shim.is_file() and shim.read_text() == model_py(shims[name]) else None
 
     if model_backend == "tensorrtllm":
-        for name in (TARGET, DRAFT):  # our Python shims from an earlier torch build: unused by tensorrtllm, dropped
-            shim = our_shim(name)
-            if shim is not None:
-                shim.unlink()
+        for shim in filter(None, map(our_shim, (TARGET, DRAFT))):
+            shim.unlink()  # our Python shims from an earlier torch build: unused by tensorrtllm, dropped
     else:
-        configs[TARGET] = torch_model(TARGET, target_dir, target_precision, target_instances, target_parameters)
-        if draft_dir is not None:
-            configs[DRAFT] = torch_model(DRAFT, draft_dir, draft_precision, draft_instances, draft_parameters)
+        configs[TARGET] = torch_model(TARGET, pair.target_dir, target_precision, target_instances, target_parameters)
+        if pair.draft_dir is not None:
+            configs[DRAFT] = torch_model(DRAFT, pair.draft_dir, draft_precision, draft_instances, draft_parameters)
         elif our_shim(DRAFT) is not None:
             shutil.rmtree(repo / DRAFT)  # ours, from an earlier run with a draft
 
@@ -340,6 +321,48 @@ def served_model_name(repo_dir: str | Path) -> str | None:
         return SPEC_DECODE
     names = sorted(p.parent.parent.name for p in repo.glob("*/1/model.py") if p.read_text() == shim)
     return names[0] if names else None
+
+
+@dataclass(frozen=True)
+class _PairFacts:
+    target_dir: Path
+    draft_dir: Path | None  # None: no draft model
+    tokenizer_dir: Path
+    vocab: int
+    target_ctx: int
+    draft_ctx: int | None
+
+
+def _pair_facts(target: str | Path, draft: str | Path | None, tokenizer_dir: str | Path | None,
+                max_context: int | None, check_tokenizers: bool) -> _PairFacts:
+    """The pair's directories and windows (:func:`checkpoint_facts`), checked to fit together."""
+    target_dir, vocab, target_ctx = checkpoint_facts(Path(target).expanduser(), max_context)
+    draft_dir, draft_ctx = None, None
+    if draft is not None:
+        draft_dir, draft_vocab, draft_ctx = checkpoint_facts(Path(draft).expanduser(), max_context)
+        if draft_vocab != vocab:
+            raise IncompatibleModelsError(f"vocabulary size mismatch: target has {vocab} entries, draft has {draft_vocab}")
+    tok_dir = Path(tokenizer_dir).expanduser().resolve() if tokenizer_dir else target_dir.resolve()
+    if check_tokenizers:
+        _check_tokenizers(tok_dir, target_dir, draft_dir, vocab, target_ctx, draft_ctx)
+    return _PairFacts(target_dir, draft_dir, tok_dir, vocab, target_ctx, draft_ctx)
+
+
+def _parameter_files(**files: str | Path | None) -> dict[str, str]:
+    """``spec_decode``'s file parameters (``policy_file``, ``manifest_file``): absolute, or "" when not given."""
+    out = {}
+    for label, f in files.items():
+        if f is not None and not Path(f).expanduser().is_file():
+            raise CheckpointError(f"{label} not found: {f}")
+        out[label] = str(Path(f).expanduser().resolve()) if f is not None else ""
+    return out
+
+
+def _check_names(model_backend: str, model_name: str) -> None:
+    if model_backend not in MODEL_BACKENDS:
+        raise ValueError(f"model_backend must be {' or '.join(MODEL_BACKENDS)}, got {model_backend!r}")
+    if model_name in (TARGET, DRAFT) or not re.fullmatch(r"[A-Za-z0-9_.-]+", model_name) or model_name[0] == ".":
+        raise CheckpointError(f"model name {model_name!r}: letters, digits, '_', '-', '.', and not {TARGET!r} or {DRAFT!r}")
 
 
 def _check_tokenizers(
