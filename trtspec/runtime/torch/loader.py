@@ -251,43 +251,15 @@ def load_model(
     dev = resolve_device(device)
     if precision == "auto":
         precision = checkpoint_precision(cfg, hf_dir, dev) or ("fp32" if dev == "cpu" else "bf16")
-    archs = cfg.get("architectures") or []
-    lean_ok = lean_runs(cfg)
-    if impl == "auto":
-        impl = "lean" if lean_ok else "hf"
-    if impl == "lean" and not lean_ok:
-        raise CheckpointError(f"the lean runtime runs {SUPPORTED_ARCHITECTURES}; {hf_dir} is {archs}")
-    if precision in QUANTIZED and impl != "lean":
-        raise CheckpointError(f"{precision} weight-only runs on the lean runtime only (Llama-family checkpoints)")
-    if impl != "lean" and (exact or graphs):
-        raise CheckpointError("exact mode and CUDA graphs run on the lean runtime only (Llama-family checkpoints)")
-    if graphs and not dev.startswith("cuda"):
-        raise CheckpointError(f"CUDA graphs need a CUDA device; the model runs on {dev!r}")
+    impl = _impl(impl, cfg, hf_dir, precision, dev, exact, graphs)
     on_cuda = dev.startswith("cuda")
     exact = on_cuda if exact is None else exact
     graphs = on_cuda if graphs is None else graphs
     tokenizer = Tokenizer.from_dir(hf_dir)
     if impl == "lean":
-        lcfg = LlamaConfig.from_hf(cfg)
-        tensors = read_tensors(hf_dir)
-        quant = precision if precision in QUANTIZED else None
-        weights = LlamaWeights(lcfg, tensors, compute_dtype(precision), dev, quant=quant)
-        del tensors
-        plan = ShapePlan(exact_rows=EXACT_ROWS if exact else None, rows_buckets=GRAPH_ROWS if graphs else ())
-        lm: LeanLlamaLM | HFCausalLM = LeanLlamaLM(weights, max_context=max_context, plan=plan, graphs=graphs)
-        if graphs:
-            if progress:
-                progress("capturing CUDA graphs of the common shapes")
-            lm.capture_common()
+        lm: LeanLlamaLM | HFCausalLM = _lean_lm(hf_dir, cfg, precision, dev, max_context, exact, graphs, progress)
     else:
-        from transformers import AutoModelForCausalLM
-
-        quiet_transformers()
-        try:
-            module = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=_DTYPES[precision]).to(dev)
-        except Exception as e:
-            raise CheckpointError(f"transformers cannot load {hf_dir}: {e}") from e
-        lm = HFCausalLM(module, max_context=max_context)
+        lm = _hf_lm(hf_dir, precision, dev, max_context)
     return LoadedModel(
         lm=lm,
         tokenizer=tokenizer,
@@ -297,3 +269,46 @@ def load_model(
         config=cfg,
         load_time_s=time.perf_counter() - t0,
     )
+
+
+def _impl(impl: Impl, cfg: dict, hf_dir: Path, precision: str, dev: str, exact: bool | None,
+          graphs: bool | None) -> str:
+    """The runtime to load into (``auto``: the lean one for the Llama family), refusing what it cannot run."""
+    lean_ok = lean_runs(cfg)
+    if impl == "auto":
+        impl = "lean" if lean_ok else "hf"
+    if impl == "lean" and not lean_ok:
+        raise CheckpointError(f"the lean runtime runs {SUPPORTED_ARCHITECTURES}; {hf_dir} is {cfg.get('architectures') or []}")
+    if precision in QUANTIZED and impl != "lean":
+        raise CheckpointError(f"{precision} weight-only runs on the lean runtime only (Llama-family checkpoints)")
+    if impl != "lean" and (exact or graphs):
+        raise CheckpointError("exact mode and CUDA graphs run on the lean runtime only (Llama-family checkpoints)")
+    if graphs and not dev.startswith("cuda"):
+        raise CheckpointError(f"CUDA graphs need a CUDA device; the model runs on {dev!r}")
+    return impl
+
+
+def _lean_lm(hf_dir: Path, cfg: dict, precision: str, dev: str, max_context: int | None, exact: bool, graphs: bool,
+             progress: Callable[[str], None] | None) -> LeanLlamaLM:
+    tensors = read_tensors(hf_dir)
+    quant = precision if precision in QUANTIZED else None
+    weights = LlamaWeights(LlamaConfig.from_hf(cfg), tensors, compute_dtype(precision), dev, quant=quant)
+    del tensors
+    plan = ShapePlan(exact_rows=EXACT_ROWS if exact else None, rows_buckets=GRAPH_ROWS if graphs else ())
+    lm = LeanLlamaLM(weights, max_context=max_context, plan=plan, graphs=graphs)
+    if graphs:
+        if progress:
+            progress("capturing CUDA graphs of the common shapes")
+        lm.capture_common()
+    return lm
+
+
+def _hf_lm(hf_dir: Path, precision: str, dev: str, max_context: int | None) -> HFCausalLM:
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    try:
+        module = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=_DTYPES[precision]).to(dev)
+    except Exception as e:
+        raise CheckpointError(f"transformers cannot load {hf_dir}: {e}") from e
+    return HFCausalLM(module, max_context=max_context)
