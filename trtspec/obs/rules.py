@@ -77,90 +77,72 @@ def signals(cfg: AlertConfig = AlertConfig()) -> dict[str, str]:
     }
 
 
+def _alert(name: str, expr: str, severity: str, summary: str, description: str, runbook: str,
+           for_: str | None = None) -> dict:
+    rule: dict = {"alert": name, "expr": expr}
+    if for_ is not None:
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {"summary": summary, "description": description, "runbook": runbook}
+    return rule
+
+
 def alert_rules(cfg: AlertConfig = AlertConfig()) -> dict:
     """The rules file as a dict (``yaml.safe_dump`` it, or use :func:`render_rules`)."""
     s = signals(cfg)
     ttft_ms, itl_ms = f"{cfg.slo_ttft_s * 1000:g}", f"{cfg.slo_itl_s * 1000:g}"
     warn_pct, crit_pct, budget_pct = _pct(cfg.warn_rejection), _pct(cfg.crit_rejection), _pct(cfg.fallback_budget)
     rules = [
-        {
-            "alert": "TrtspecRejectionRateHigh",
-            "expr": f"({s['rejection_rate_warn']}) > {cfg.warn_rejection}",
-            "for": cfg.warn_for,
-            "labels": {"severity": "warning"},
-            "annotations": {
-                "summary": f"Speculation rejection rate above {warn_pct} for {cfg.warn_for}",
-                "description": (
-                    f"Rejection rate over {cfg.warn_window} is {{{{ $value | humanizePercentage }}}} "
-                    f"(the draft model's, 1 - accepted/tested; threshold {warn_pct}). Speculation is paying less."
-                ),
-                "runbook": (
-                    "Check acceptance by position and the rejection heatmap on the dashboard; run "
-                    "`trtspec trace summarize` on the rejection trace to see which lengths/tokens are "
-                    "rejected; consider a lower k_max or routing that traffic to target_only."
-                ),
-            },
-        },
-        {
-            "alert": "TrtspecRejectionRateCritical",
-            "expr": (
-                f"({s['rejection_rate_crit']}) > {cfg.crit_rejection} and on() "
-                f"(({s['ttft_p99']}) > {cfg.slo_ttft_s} or ({s['itl_p99']}) > {cfg.slo_itl_s})"
-            ),
-            "for": cfg.crit_for,
-            "labels": {"severity": "critical"},
-            "annotations": {
-                "summary": f"Rejection rate above {crit_pct} and the latency SLO is breached",
-                "description": (
-                    f"Rejection rate over {cfg.crit_window} is {{{{ $value | humanizePercentage }}}} "
-                    f"(threshold {crit_pct}) while p99 time to first token is above {ttft_ms} ms or p99 "
-                    f"inter-token latency above {itl_ms} ms. Users feel it."
-                ),
-                "runbook": (
-                    "Turn speculation off now (policy rollout.mode: off, or requests with speculation: off) "
-                    "and confirm latency recovers; then check the draft model's health and version and "
-                    "whether the breaker is tripping."
-                ),
-            },
-        },
-        {
-            "alert": "TrtspecBreakerOpen",
-            "expr": f"({s['breaker_opened']}) > 0 or ({s['breaker_open_now']}) == 1",
-            "labels": {"severity": "critical"},
-            "annotations": {
-                "summary": "The hard circuit breaker opened: no request speculates",
-                "description": (
-                    f"The breaker is open now or opened in the last {cfg.breaker_window} (its rolling "
-                    "rejection rate passed the hard threshold); every request runs on the target alone."
-                ),
-                "runbook": (
-                    "Look at the rolling rejection rate and breaker state panels; if the draft model was "
-                    "changed, roll it back; the breaker probes again after its cool-down, and closes on "
-                    "its own once probes are accepted."
-                ),
-            },
-        },
-        {
-            "alert": "TrtspecFallbackBudgetExceeded",
-            "expr": (
-                f"({s['fallback_ratio']}) > {cfg.fallback_budget} and on() "
-                f"({s['speculating_requests']}) >= {cfg.fallback_min_requests}"
-            ),
-            "for": cfg.fallback_for,
-            "labels": {"severity": "warning"},
-            "annotations": {
-                "summary": f"Fallbacks above the rollout budget ({budget_pct})",
-                "description": (
-                    f"{{{{ $value | humanizePercentage }}}} of speculating requests over {cfg.fallback_window} "
-                    f"fell back to the target alone (budget {budget_pct})."
-                ),
-                "runbook": (
-                    "Find the fallback reason (zero_acceptance vs draft_error) on the dashboard; for "
-                    "draft_error check the draft model's logs and restarts; pause the rollout "
-                    "(rollout.mode: canary or off) until the ratio is back under budget."
-                ),
-            },
-        },
+        _alert(
+            "TrtspecRejectionRateHigh",
+            f"({s['rejection_rate_warn']}) > {cfg.warn_rejection}",
+            "warning",
+            f"Speculation rejection rate above {warn_pct} for {cfg.warn_for}",
+            f"Rejection rate over {cfg.warn_window} is {{{{ $value | humanizePercentage }}}} "
+            f"(the draft model's, 1 - accepted/tested; threshold {warn_pct}). Speculation is paying less.",
+            "Check acceptance by position and the rejection heatmap on the dashboard; run "
+            "`trtspec trace summarize` on the rejection trace to see which lengths/tokens are "
+            "rejected; consider a lower k_max or routing that traffic to target_only.",
+            for_=cfg.warn_for,
+        ),
+        _alert(
+            "TrtspecRejectionRateCritical",
+            f"({s['rejection_rate_crit']}) > {cfg.crit_rejection} and on() "
+            f"(({s['ttft_p99']}) > {cfg.slo_ttft_s} or ({s['itl_p99']}) > {cfg.slo_itl_s})",
+            "critical",
+            f"Rejection rate above {crit_pct} and the latency SLO is breached",
+            f"Rejection rate over {cfg.crit_window} is {{{{ $value | humanizePercentage }}}} "
+            f"(threshold {crit_pct}) while p99 time to first token is above {ttft_ms} ms or p99 "
+            f"inter-token latency above {itl_ms} ms. Users feel it.",
+            "Turn speculation off now (policy rollout.mode: off, or requests with speculation: off) "
+            "and confirm latency recovers; then check the draft model's health and version and "
+            "whether the breaker is tripping.",
+            for_=cfg.crit_for,
+        ),
+        _alert(
+            "TrtspecBreakerOpen",
+            f"({s['breaker_opened']}) > 0 or ({s['breaker_open_now']}) == 1",
+            "critical",
+            "The hard circuit breaker opened: no request speculates",
+            f"The breaker is open now or opened in the last {cfg.breaker_window} (its rolling "
+            "rejection rate passed the hard threshold); every request runs on the target alone.",
+            "Look at the rolling rejection rate and breaker state panels; if the draft model was "
+            "changed, roll it back; the breaker probes again after its cool-down, and closes on "
+            "its own once probes are accepted.",
+        ),
+        _alert(
+            "TrtspecFallbackBudgetExceeded",
+            f"({s['fallback_ratio']}) > {cfg.fallback_budget} and on() "
+            f"({s['speculating_requests']}) >= {cfg.fallback_min_requests}",
+            "warning",
+            f"Fallbacks above the rollout budget ({budget_pct})",
+            f"{{{{ $value | humanizePercentage }}}} of speculating requests over {cfg.fallback_window} "
+            f"fell back to the target alone (budget {budget_pct}).",
+            "Find the fallback reason (zero_acceptance vs draft_error) on the dashboard; for "
+            "draft_error check the draft model's logs and restarts; pause the rollout "
+            "(rollout.mode: canary or off) until the ratio is back under budget.",
+            for_=cfg.fallback_for,
+        ),
     ]
     return {"groups": [{"name": "trtspec", "rules": rules}]}
 
