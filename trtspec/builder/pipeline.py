@@ -334,13 +334,8 @@ def _gpu_info() -> dict | None:
 
 def _reusable(manifest_path: Path, engine_dir: Path, inputs_sha256: str) -> Manifest | None:
     """The previous manifest when its inputs hash matches and its files are intact."""
-    if not manifest_path.is_file():
-        return None
-    try:
-        prev = load_manifest(manifest_path)
-    except TrtspecError:
-        return None
-    if prev.inputs_sha256 != inputs_sha256 or file_problems(engine_dir, prev.files, verify_hashes=True):
+    prev = _previous_manifest(manifest_path)
+    if prev is None or prev.inputs_sha256 != inputs_sha256 or file_problems(engine_dir, prev.files, verify_hashes=True):
         return None
     return prev
 
@@ -656,37 +651,7 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
     opts, plan = ctx.opts, ctx.plan
     with ctx.rep.step("manifest") as rec:
         files = [] if opts.dry_run else hash_files(ctx.engine_dir, _engine_files(ctx.engine_dir))
-        models = {
-            side.role: ModelEntry(
-                role=side.role, source=str(given), source_sha256=ctx.inputs[side.role], path=side.role,
-                architecture=side.arch, precision=side.precision, weight_bytes=share.weight_bytes,
-                kv_bytes_per_token=share.kv_bytes_per_token, max_context=ctx.max_context,
-            )
-            for side, share, given in ((ctx.target, plan.target, opts.target), (ctx.draft, plan.draft, opts.draft))
-            if side is not None and share is not None
-        }
-        build_options = {
-            "backend": opts.backend,
-            "draft_quant": opts.applied_draft_quant,
-            "default_drafter": opts.drafter,
-            "max_draft_len": opts.max_draft_len,
-            "max_context": ctx.max_context,
-            "max_sessions": opts.max_sessions,
-            "max_tokens_limit": opts.max_tokens_limit,
-            "headroom_fraction": opts.headroom_fraction,
-            "device_memory_bytes": opts.device_memory_bytes,
-            "probe": opts.probe.to_dict(),
-            "policy": ({"path": str(opts.policy_file), "sha256": ctx.hashes.file(opts.policy_file)}
-                       if opts.policy_file else None),
-        }
-        if opts.backend == "trtllm":
-            build_options["trtllm_commands"] = [_portable(c) for c in commands]
-        old = None
-        if ctx.manifest_path.is_file():
-            try:
-                old = load_manifest(ctx.manifest_path)
-            except TrtspecError:
-                old = None
+        old = _previous_manifest(ctx.manifest_path)
         created = (old.created if old is not None and old.inputs_sha256 == ctx.inputs_sha256
                    else datetime.now(timezone.utc).replace(microsecond=0).isoformat())
         manifest = Manifest(
@@ -696,7 +661,7 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
             versions=Versions.current(),
             gpu=_gpu_info() if opts.backend == "trtllm" and not opts.dry_run else None,
             inputs_sha256=ctx.inputs_sha256,
-            build_options=build_options,
+            build_options=_build_options(ctx, commands),
             max_draft_len=opts.max_draft_len,
             vocab_size=ctx.compat.vocab_size,
             tokenizer_fingerprint=ctx.compat.tokenizer_fingerprint,
@@ -704,7 +669,7 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
                 draft=_draft_scheme(ctx),
                 report=quant.to_dict() if quant else None,
             ),
-            models=models,
+            models=_model_entries(ctx),
             memory_plan=plan.to_dict(),
             files=files,
         )
@@ -717,6 +682,51 @@ def _manifest(ctx: _Ctx, quant: QuantReport | None, commands: list[list[str]]) -
             manifest.write(ctx.manifest_path)
             rec.detail = f"{ctx.manifest_path} ({len(files)} files hashed)"
     return manifest
+
+
+def _previous_manifest(path: Path) -> Manifest | None:
+    """The manifest an earlier build left at ``path`` (None: none, or unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        return load_manifest(path)
+    except TrtspecError:
+        return None
+
+
+def _model_entries(ctx: _Ctx) -> dict[str, ModelEntry]:
+    opts, plan = ctx.opts, ctx.plan
+    return {
+        side.role: ModelEntry(
+            role=side.role, source=str(given), source_sha256=ctx.inputs[side.role], path=side.role,
+            architecture=side.arch, precision=side.precision, weight_bytes=share.weight_bytes,
+            kv_bytes_per_token=share.kv_bytes_per_token, max_context=ctx.max_context,
+        )
+        for side, share, given in ((ctx.target, plan.target, opts.target), (ctx.draft, plan.draft, opts.draft))
+        if side is not None and share is not None
+    }
+
+
+def _build_options(ctx: _Ctx, commands: list[list[str]]) -> dict:
+    """What the manifest records of the options (``draft_quant`` as resolved)."""
+    opts = ctx.opts
+    build_options = {
+        "backend": opts.backend,
+        "draft_quant": opts.applied_draft_quant,
+        "default_drafter": opts.drafter,
+        "max_draft_len": opts.max_draft_len,
+        "max_context": ctx.max_context,
+        "max_sessions": opts.max_sessions,
+        "max_tokens_limit": opts.max_tokens_limit,
+        "headroom_fraction": opts.headroom_fraction,
+        "device_memory_bytes": opts.device_memory_bytes,
+        "probe": opts.probe.to_dict(),
+        "policy": ({"path": str(opts.policy_file), "sha256": ctx.hashes.file(opts.policy_file)}
+                   if opts.policy_file else None),
+    }
+    if opts.backend == "trtllm":
+        build_options["trtllm_commands"] = [_portable(c) for c in commands]
+    return build_options
 
 
 def _draft_scheme(ctx: _Ctx) -> dict | None:
