@@ -4,10 +4,11 @@ Hugging Face assisted generation, on the demo pair, in ONE run.
 
     python scripts/bench_core.py                  # 24 prompts x 64 tokens, table + JSON
     python scripts/bench_core.py --prompts 8 --max-tokens 48 --json-out results/core.json
-    python scripts/bench_core.py --draft-precision int4   # the draft's layers in int4, from the float weights
+    python scripts/bench_core.py --draft-precision int8   # the INT8 draft (default: the demo's, int4 where it runs well)
 
 Prints, side by side (all greedy, same prompts, same token budget):
-  - target alone (our runtime, fp32), our speculative loop (the INT8 draft, or INT4, k fixed),
+  - target alone (our runtime, fp32), our speculative loop (the demo's draft: INT4 where it runs
+    well, as ``trtspec demo`` drafts, else INT8; or the one ``--draft-precision`` names; k fixed),
   - HF ``generate()`` target alone and HF ``generate(assistant_model=...)`` with the
     same two weight sets (HF runs the draft's weights as stored, in bf16: the INT8
     draft's dequantized, or with ``--draft-precision int4`` the float target's),
@@ -114,15 +115,17 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=5, help="draft length of our loop")
     ap.add_argument("--sweep", default="2,3,4,5,6,8", help="k values for the sweep (on the first 6 prompts)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face runs")
-    ap.add_argument("--draft-precision", choices=("int8", "int4"), default="int8",
-                    help="int8: the demo's INT8 draft; int4: the target's float weights (the GGUF's Q4_1, "
-                         "dequantized) with the layers' matrices in int4 (CPU), embedding and head in int8")
+    ap.add_argument("--draft-precision", choices=("auto", "int8", "int4"), default="auto",
+                    help="auto: the demo's draft (int4 where it runs well, as trtspec demo; else int8); int8: the "
+                         "demo's INT8 draft; int4: the target's float weights (the GGUF's Q4_1, dequantized) with "
+                         "the layers' matrices in int4 (CPU), embedding and head in int8")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
 
     torch.manual_seed(0)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     paths = prepare_demo(progress=say)
+    args.draft_precision = paths.draft_precision(args.draft_precision)
     draft_src = paths.draft_at(args.draft_precision)
     pair = load_pair(paths.target, draft_src, draft_precision=args.draft_precision, progress=say)
     tok = pair.target.tokenizer

