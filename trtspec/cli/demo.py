@@ -72,5 +72,15 @@ def demo(
                             f"drafted {r.num_draft_tokens}, accepted {r.num_accepted_tokens} ({rate})"
                         )
         say("[serve] stopped")
+    speedups = _speedups(runs)
     if json_out:
-        print_json({"build": result.to_dict(), "requests": runs})
+        print_json({"build": result.to_dict(), "requests": runs, "speedups": speedups})
+    else:
+        say(f"[summary] speculation auto vs off, tokens/s: {', '.join(f'{x:.2f}x' for x in speedups)} "
+            f"(the draft {result.manifest.build_options['draft_quant']})")
+
+
+def _speedups(runs: list[dict]) -> list[float]:
+    """Per prompt, tokens/s with speculation ``auto`` over ``off`` (the runs come in off/auto pairs)."""
+    return [round(auto["tokens_per_s"] / off["tokens_per_s"], 3) for off, auto in zip(runs[::2], runs[1::2], strict=True)
+            if off["tokens_per_s"]]
