@@ -151,7 +151,8 @@ def _quantized(tensors: dict[str, torch.Tensor], name: str, form: str) -> dict[s
         missing = [name + sfx for sfx in sides if name + sfx not in tensors]
         if missing:
             raise BuildError(f"a {form} tensor {name!r} has no {missing[0]!r}")
-        return {name: t.contiguous(), **{name + sfx: tensors[name + sfx].contiguous() for sfx in sides}}
+        side_dtype = torch.bfloat16 if form == "int4" else torch.float32  # as the specs above store them
+        return {name: t.contiguous(), **{name + sfx: tensors[name + sfx].to(side_dtype).contiguous() for sfx in sides}}
     w = stored_float(tensors, name)
     if form == "int8":
         q, scale = quantize_int8(w)
@@ -159,7 +160,7 @@ def _quantized(tensors: dict[str, torch.Tensor], name: str, form: str) -> dict[s
     try:
         check_int4_shape(name, w.shape)
     except CheckpointError as e:
-        raise BuildError(f"{e}: use --draft-quant int8") from None
+        raise BuildError(f"--draft-quant int4: {e}") from None
     q, scale, zero = quantize_int4(w)
     return {name: pack_int4_codes(q), name + SCALE_SUFFIX: scale.to(torch.bfloat16).contiguous(),
             name + ZERO_SUFFIX: zero.to(torch.bfloat16).contiguous()}
