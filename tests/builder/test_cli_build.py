@@ -136,29 +136,20 @@ def test_without_a_draft_refusals_are_one_line(tiny_target: Path, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_demo_build(tmp_path: Path) -> None:
-    """The real pair: SmolLM2-135M-Instruct, its draft quantized to INT8 by the build."""
-    res = runner.invoke(app, ["build", "--demo", "--draft-quant", "int8", "--engines", str(tmp_path / "engines"),
+@pytest.mark.parametrize("quant, weight_ratio_under, acceptance_over", [
+    ("int8", 0.3, 0.7),
+    ("int4", 0.15, 0.8),  # int4 layers, int8 embedding and head; the demo's Q4_1 weights held as they are
+])
+def test_demo_build(tmp_path: Path, quant: str, weight_ratio_under: float, acceptance_over: float) -> None:
+    """The real pair: SmolLM2-135M-Instruct, its draft quantized by the build and served at that precision."""
+    res = runner.invoke(app, ["build", "--demo", "--draft-quant", quant, "--engines", str(tmp_path / "engines"),
                               "--model-repo", str(tmp_path / "model_repo"), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     q = out["quantization"]
-    assert out["name"] == "demo" and q["precision_before"] == "fp32" and q["precision_after"] == "int8"
-    assert q["weight_ratio"] < 0.3
+    assert out["name"] == "demo" and q["precision_before"] == "fp32" and q["precision_after"] == quant
+    assert q["weight_ratio"] < weight_ratio_under
     assert q["acceptance_before"]["acceptance_rate"] == 1.0  # the draft in float is the target itself
-    assert q["acceptance_after"]["acceptance_rate"] > 0.7
+    assert q["acceptance_after"]["acceptance_rate"] > acceptance_over
+    assert out["manifest"]["models"]["draft"]["precision"] == quant
     print(json.dumps({"quantization": q, "memory_plan": out["memory_plan"]}, indent=2))
-
-
-@pytest.mark.slow
-def test_demo_build_with_an_int4_draft(tmp_path: Path) -> None:
-    """The same pair with --draft-quant int4: the int4 draft written and served at int4, its cost measured."""
-    res = runner.invoke(app, ["build", "--demo", "--draft-quant", "int4", "--engines", str(tmp_path / "engines"),
-                              "--model-repo", str(tmp_path / "model_repo"), "--json"])
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout)
-    q = out["quantization"]
-    assert q["precision_before"] == "fp32" and q["precision_after"] == "int4"
-    assert q["weight_ratio"] < 0.15  # int4 layers, int8 embedding and head, against float32
-    assert q["acceptance_after"]["acceptance_rate"] > 0.8  # the demo's Q4_1 weights, held as they are
-    assert out["manifest"]["models"]["draft"]["precision"] == "int4"
