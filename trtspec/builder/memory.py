@@ -38,7 +38,7 @@ from pathlib import Path
 
 from trtspec.builder.errors import BuildError, MemoryPlanError
 from trtspec.runtime.torch.llama import EMBEDDING, INT4_GROUP, LAYERS, LM_HEAD, SCALE_SUFFIX, ZERO_SUFFIX, head_tied
-from trtspec.runtime.torch.loader import QUANTIZED
+from trtspec.runtime.torch.loader import QUANTIZED, read_headers
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -122,17 +122,7 @@ def kv_bytes_per_token(cfg: dict, dtype_bytes: int) -> int:
 def _tensor_shapes(path: Path) -> dict[str, list[int]]:
     """The shapes of the checkpoint's weights as the runtime reads them: a stored int8 / int4 matrix
     (``llama.stored_float``) as its [out, in], its scale and zero left out (counted with it)."""
-    from safetensors import safe_open
-
-    stored: dict[str, tuple[str, list[int]]] = {}
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise BuildError(f"{path} holds no .safetensors weights")
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
-                sl = st.get_slice(name)
-                stored[name] = (sl.get_dtype(), list(sl.get_shape()))
+    stored = read_headers(path)
     quantized = {name for name, (dtype, _) in stored.items() if dtype in ("I8", "U8")}
     sides = {name + sfx for name in quantized for sfx in (SCALE_SUFFIX, ZERO_SUFFIX)}
     return {name: [shape[0], shape[1] * 2] if dtype == "U8" else shape  # int4: two codes a byte

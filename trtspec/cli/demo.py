@@ -1,6 +1,6 @@
 """``trtspec demo``: the whole path on the embedded demo pair, in one command.
 
-build (INT8 draft, or INT4 with ``--draft-quant int4``; manifest, memory plan, model repository) -> serve (a real
+build (the draft INT4 where it runs well, else INT8: ``--draft-quant``; manifest, memory plan, model repository) -> serve (a real
 tritonserver) -> a few requests with speculation auto and off -> text and stats
 -> shut down.
 """

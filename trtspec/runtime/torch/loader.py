@@ -179,13 +179,25 @@ def checkpoint_precision(cfg: dict, path: Path | None = None, device: str = "cpu
 
 def _stored_quantization(path: Path) -> str | None:
     """``int4`` if a safetensors file in ``path`` holds a uint8 tensor, ``int8`` an int8 one (headers only)."""
+    dtypes = {dtype for dtype, _shape in read_headers(path).values()} if any(path.glob("*.safetensors")) else set()
+    return "int4" if "U8" in dtypes else "int8" if "I8" in dtypes else None
+
+
+def read_headers(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """Each tensor's safetensors dtype (``F32``, ``I8``, ``U8``, ...) and shape, from the headers of the
+    files in ``path`` alone."""
     from safetensors import safe_open
 
-    dtypes = set()
-    for f in sorted(path.glob("*.safetensors")):
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path} holds no .safetensors weights")
+    headers: dict[str, tuple[str, list[int]]] = {}
+    for f in files:
         with safe_open(str(f), framework="pt") as st:
-            dtypes.update(st.get_slice(name).get_dtype() for name in st.keys())
-    return "int4" if "U8" in dtypes else "int8" if "I8" in dtypes else None
+            for name in st.keys():
+                sl = st.get_slice(name)
+                headers[name] = (sl.get_dtype(), list(sl.get_shape()))
+    return headers
 
 
 def int4_draft_unfit(cfg: dict, device: str) -> str | None:
