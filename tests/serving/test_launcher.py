@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +163,35 @@ def test_an_abort_we_know_is_named_from_the_log(tmp_path):
                 "Signal (6) received.\n")
     why = server.known_abort()
     assert why is not None and "#8882" in why and "stub died holding a lock" in why and "\n" not in why
+
+
+class _Signalled(Exception):
+    pass
+
+
+def test_a_signal_another_thread_takes_still_ends_wait(tmp_path):
+    """The kernel hands a signal sent to ``trtspec serve`` to any of its threads, and Python runs the
+    handler on the main thread only when that thread next runs Python code: ``wait()`` (what the
+    main thread does while serving) must return to Python often, or SIGTERM never starts the drain
+    (it did not, once in four loaded runs of tests/reliability/test_drain.py: one blocking waitpid)."""
+    server = TritonServer(tmp_path)
+    server._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(20)"])
+
+    def handler(*_: object) -> None:
+        raise _Signalled
+
+    def signal_this_thread() -> None:
+        time.sleep(0.3)  # the main thread is in wait() by then
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    t0 = time.monotonic()
+    try:
+        threading.Thread(target=signal_this_thread).start()
+        with pytest.raises(_Signalled):
+            server.wait()
+        assert time.monotonic() - t0 < 5.0  # the handler ran at once, not when the process ended (20 s)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        server._proc.kill()
+        server._proc.wait()

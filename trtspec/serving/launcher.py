@@ -76,6 +76,7 @@ DEFAULT_OMP_SPINCOUNT = 30000
 
 
 DRAIN_CUT_WAIT_S = 15.0  # after the grace period, how long requests get to end at their next iteration
+_WAIT_STEP_S = 60.0  # wait() without a timeout: Popen.wait(timeout) calls in a row (each one polls)
 
 
 @dataclass(frozen=True)
@@ -496,13 +497,21 @@ class TritonServer:
         return self._proc is not None and self._proc.poll() is None
 
     def wait(self, timeout: float | None = None) -> int | None:
-        """Block until the server exits (or ``timeout``); its exit code, None if still running."""
+        """Block until the server exits (or ``timeout``); its exit code, None if still running.
+
+        Never in one blocking ``waitpid``: Python runs a signal's handler on the main thread only, when
+        that thread next runs Python code, and the kernel may deliver a SIGTERM sent to ``trtspec serve``
+        to any of its threads (gRPC's, uvicorn's). A main thread blocked in ``waitpid`` then never ran
+        the handler and the server never drained; ``Popen.wait`` with a timeout polls, sleeping at
+        most 50 ms at a time, and the handler runs after the sleep it interrupted."""
         if self._proc is None:
             return None
-        try:
-            return self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
+        while True:
+            try:
+                return self._proc.wait(_WAIT_STEP_S if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                if timeout is not None:
+                    return None
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM the server (Triton unloads models and exits), SIGKILL its group after ``timeout_s``;
