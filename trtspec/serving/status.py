@@ -293,53 +293,14 @@ def fetch_status(url: str, timeout_s: float = 30.0) -> dict:
 
 def format_status(st: dict) -> list[str]:
     """Human lines, one per subject."""
-
-    def model_line(name: str, m: dict) -> str:
-        said = "ready" if m.get("triton_ready") else "not ready"
-        if m.get("busy"):
-            head = "busy (not probed: its calls in flight are progressing)"
-        elif m.get("answers"):
-            head = f"answers ({m.get('latency_ms', 0):.0f} ms)"
-        else:
-            head = f"DOES NOT ANSWER: {m.get('error')}"
-        parts = [head, f"Triton says {said}"]
-        sup = m.get("supervisor")
-        if sup:
-            s = f"supervisor {sup.get('state')}"
-            if sup.get("state") != "healthy" and sup.get("last_error"):
-                s += f" ({sup['last_error']})"
-            if sup.get("next_attempt_in_s") is not None:
-                s += f", next attempt in {sup['next_attempt_in_s']:.0f}s"
-            if sup.get("reloads"):
-                s += f", {sup['reloads']} reload(s)"
-            last = sup.get("last_outage")
-            if last and last.get("downtime_s") is not None:
-                s += f", last outage {last['downtime_s']:.1f}s"
-            parts.append(s)
-            parts.append(_calls_text(sup))
-            if sup.get("deadline"):
-                parts.append(_deadline_text(sup["deadline"]))
-        if m.get("sessions") is not None:
-            parts.append(f"{m['sessions']} session(s)")
-        if m.get("faults"):
-            parts.append(f"FAULTS {m['faults']}")
-        return f"{name:<12} " + "; ".join(parts)
-
     lines = [f"{'ready':<12} {'yes' if st.get('ready') else 'NO'}"]
     if st.get("draining"):
         lines.append(f"{'draining':<12} yes: new requests refused, grace period {st['draining'].get('grace_period_s')}s")
     server = st.get("server", {})
     lines.append(f"{'server':<12} {'live' if server.get('live') else 'NOT LIVE'}, "
                  f"{'ready' if server.get('ready') else 'not ready'}")
-    for name, m in st.get("models", {}).items():
-        lines.append(model_line(name, m))
-    b = st.get("breaker")
-    if b:
-        rate = b.get("rejection_rate")
-        rate_s = "n/a" if rate is None else f"{rate:.1%}"
-        lines.append(f"{'breaker':<12} {b.get('state')} (rejection rate {rate_s} per tested position, {b.get('window_drafted', 0)} drafted tokens)")
-    else:
-        lines.append(f"{'breaker':<12} unknown")
+    lines += [f"{name:<12} {_model_text(m)}" for name, m in st.get("models", {}).items()]
+    lines.append(f"{'breaker':<12} {_breaker_text(st.get('breaker'))}")
     lines.append(f"{'speculation':<12} {st.get('speculation')} ({st.get('speculation_reason')})")
     if st.get("goodput"):
         lines.append(f"{'goodput':<12} {_goodput_text(st['goodput'])}")
@@ -350,6 +311,51 @@ def format_status(st: dict) -> list[str]:
     if req:
         lines.append(f"{'requests':<12} {req.get('in_flight', 0)} in flight; outcomes {req.get('outcomes', {})}")
     return lines
+
+
+def _model_text(m: dict) -> str:
+    """One model's line: whether it answers, what Triton says, its supervisor, sessions and faults."""
+    said = "ready" if m.get("triton_ready") else "not ready"
+    if m.get("busy"):
+        head = "busy (not probed: its calls in flight are progressing)"
+    elif m.get("answers"):
+        head = f"answers ({m.get('latency_ms', 0):.0f} ms)"
+    else:
+        head = f"DOES NOT ANSWER: {m.get('error')}"
+    parts = [head, f"Triton says {said}"]
+    sup = m.get("supervisor")
+    if sup:
+        parts += [_supervisor_text(sup), _calls_text(sup)]
+        if sup.get("deadline"):
+            parts.append(_deadline_text(sup["deadline"]))
+    if m.get("sessions") is not None:
+        parts.append(f"{m['sessions']} session(s)")
+    if m.get("faults"):
+        parts.append(f"FAULTS {m['faults']}")
+    return "; ".join(parts)
+
+
+def _supervisor_text(sup: dict) -> str:
+    """The draft supervisor's state, its last error, next attempt, reloads and last outage."""
+    s = f"supervisor {sup.get('state')}"
+    if sup.get("state") != "healthy" and sup.get("last_error"):
+        s += f" ({sup['last_error']})"
+    if sup.get("next_attempt_in_s") is not None:
+        s += f", next attempt in {sup['next_attempt_in_s']:.0f}s"
+    if sup.get("reloads"):
+        s += f", {sup['reloads']} reload(s)"
+    last = sup.get("last_outage")
+    if last and last.get("downtime_s") is not None:
+        s += f", last outage {last['downtime_s']:.1f}s"
+    return s
+
+
+def _breaker_text(b: dict | None) -> str:
+    if not b:
+        return "unknown"
+    rate = b.get("rejection_rate")
+    rate_s = "n/a" if rate is None else f"{rate:.1%}"
+    return f"{b.get('state')} (rejection rate {rate_s} per tested position, {b.get('window_drafted', 0)} drafted tokens)"
 
 
 def _goodput_text(g: dict) -> str:
