@@ -207,18 +207,13 @@ def stream_infer(
                 continue
             if error is not None:
                 done = True
-                msg = error.message() if isinstance(error, InferenceServerException) else str(error)
-                code = error.status() if isinstance(error, InferenceServerException) else None
-                raise ClientError(one_line(msg), code=code)
-            resp = result.get_response()
-            final = bool(resp.parameters["triton_final_response"].bool_param) if "triton_final_response" in resp.parameters else False
-            outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
-            item = StreamedResponse(outputs, final, time.perf_counter() - t0)
-            if outputs:  # the empty final response carries nothing
+                raise _stream_error(error)
+            item = _streamed(result, t0)
+            if item.outputs:  # the empty final response carries nothing
                 responses.append(item)
             if on_response is not None:
                 on_response(item)
-            if final:
+            if item.final:
                 done = True
                 return responses, False
     except InferenceServerException as e:
@@ -228,6 +223,23 @@ def stream_infer(
             client.stop_stream(cancel_requests=not done)
         finally:
             client.close()
+
+
+def _streamed(result: Any, t0: float) -> StreamedResponse:
+    """A gRPC stream's ``InferResult`` as a :class:`StreamedResponse` (``t0``: when the request was sent)."""
+    resp = result.get_response()
+    final = "triton_final_response" in resp.parameters and resp.parameters["triton_final_response"].bool_param
+    outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
+    return StreamedResponse(outputs, bool(final), time.perf_counter() - t0)
+
+
+def _stream_error(error: Exception) -> ClientError:
+    """An error response of a gRPC stream as a one-line :class:`ClientError` (with Triton's code, if any)."""
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(error, InferenceServerException):
+        return ClientError(one_line(error.message()), code=error.status())
+    return ClientError(one_line(str(error)))
 
 
 def generate_grpc(
@@ -303,14 +315,12 @@ async def stream_infer_aio(client: Any, model: str, inputs: list, *, request_id:
         async for result, error in call:
             if error is not None:
                 finished.set()
-                raise ClientError(one_line(error.message()))
-            resp = result.get_response()
-            final = "triton_final_response" in resp.parameters and resp.parameters["triton_final_response"].bool_param
-            outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
-            if final:
+                raise _stream_error(error)
+            item = _streamed(result, t0)
+            if item.final:
                 finished.set()
-            yield StreamedResponse(outputs, final, time.perf_counter() - t0)
-            if final:
+            yield item
+            if item.final:
                 return
         raise ClientError(f"the stream of model '{model}' closed before its final response", code="UNAVAILABLE")
     except grpc.RpcError as e:
@@ -370,28 +380,12 @@ def generate_http(
         method="POST",
     )
     t0 = time.perf_counter()
-    ttft: float | None = None
-    events: list[dict] = []
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            if not stream:
-                events.append(json.loads(resp.read()))
-                ttft = time.perf_counter() - t0
+            if stream:
+                events, ttft = _read_sse(resp, on_text, t0)
             else:
-                for raw in resp:  # server-sent events: "data: {...}" lines
-                    line = raw.decode("utf-8").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    event = json.loads(line[len("data:") :])
-                    if "error" in event:
-                        raise ClientError(one_line(str(event["error"])))
-                    text = event.get("text_output") or ""
-                    if text:
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-                        if on_text is not None:
-                            on_text(text)
-                    events.append(event)
+                events, ttft = [json.loads(resp.read())], time.perf_counter() - t0
     except urllib.error.HTTPError as e:
         raise _http_error(e) from None
     except urllib.error.URLError as e:
@@ -406,6 +400,27 @@ def generate_http(
     result = _result(chunks, final, protocol="http", total_s=time.perf_counter() - t0)
     result.ttft_s = ttft
     return result
+
+
+def _read_sse(resp: Any, on_text: OnText | None, t0: float) -> tuple[list[dict], float | None]:
+    """The events of a ``generate_stream`` answer (server-sent ``data: {...}`` lines), each text passed to
+    ``on_text`` as it comes; and when the first text came (seconds after ``t0``, None if none did)."""
+    events: list[dict] = []
+    ttft: float | None = None
+    for raw in resp:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[len("data:"):])
+        if "error" in event:
+            raise ClientError(one_line(str(event["error"])))
+        text = event.get("text_output") or ""
+        if text:
+            ttft = time.perf_counter() - t0 if ttft is None else ttft
+            if on_text is not None:
+                on_text(text)
+        events.append(event)
+    return events, ttft
 
 
 _HTTP_CODES = {400: "INVALID_ARG", 404: "NOT_FOUND", 499: "CANCELLED", 500: "INTERNAL", 503: "UNAVAILABLE"}
