@@ -85,10 +85,20 @@ def text_summary(result: BenchResult) -> str:
 
 
 def build_doc(result: BenchResult, images: dict[str, bytes]) -> Doc:
-    s = result.summary
-    cfg = result.config
-    o = s["overall"]
+    """The report: the run, on vs off, accounting, latency, speculation, server memory, the client."""
     doc = Doc("trtspec bench report")
+    _run_section(doc, result)
+    _latency_section(doc, result, images["latency_png"])
+    _speculation_section(doc, result, images["acceptance_png"])
+    _memory_section(doc, result, images["memory_png"])
+    _client_section(doc, result.client)
+    return doc
+
+
+def _run_section(doc: Doc, result: BenchResult) -> None:
+    """What ran, on vs off, and where every request went."""
+    s, cfg = result.summary, result.config
+    o = s["overall"]
     load = f"open loop, Poisson arrivals at {cfg['rate_rps']:g} req/s" if cfg["mode"] == "open" else f"closed loop, concurrency {cfg['concurrency']}"
     doc.p(f"Server {cfg['url']} over {cfg['protocol']}; {load}; started {result.started_at}; wall time {s['wall_s']:.1f} s; "
           f"max_tokens {cfg['max_tokens']}; A/B arms {cfg['ab']} (speculation input per request, interleaved); "
@@ -107,14 +117,22 @@ def build_doc(result: BenchResult, images: dict[str, bytes]) -> Doc:
     examples = _error_examples(result)
     if examples:
         doc.table(["category", "count", "example message"], examples)
+
+
+def _latency_section(doc: Doc, result: BenchResult, cdf_png: bytes) -> None:
     doc.h2("Latency percentiles")
     rows = []
-    for arm, a in s["by_arm"].items():
+    for arm, a in result.summary["by_arm"].items():
         for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
             p = a[metric]
             rows.append([arm, metric.replace("_ms", ""), p["p50"], p["p90"], p["p99"], p["n"]])
     doc.table(["arm", "metric (ms)", "p50", "p90", "p99", "n"], rows)
-    doc.image("Latency CDFs: speculation on vs off", images["latency_png"])
+    doc.image("Latency CDFs: speculation on vs off", cdf_png)
+
+
+def _speculation_section(doc: Doc, result: BenchResult, acceptance_png: bytes) -> None:
+    """Drafted and accepted per arm, the fallback ratio, acceptance by drafter and by position."""
+    s = result.summary
     doc.h2("Speculation")
     rows = []
     for arm, a in s["by_arm"].items():
@@ -132,10 +150,13 @@ def build_doc(result: BenchResult, images: dict[str, bytes]) -> Doc:
                   [[name, v["drafted"], v["accepted"], f"{v['acceptance_rate']:.1%}"] for name, v in abd.items()],
                   digits=0)
     abp = s.get("acceptance_by_position")
-    doc.image("Acceptance by draft position", images["acceptance_png"])
+    doc.image("Acceptance by draft position", acceptance_png)
     if abp and abp.get("source", "").startswith("estimate"):
         doc.p("Acceptance by position is estimated from stream chunks (one chunk per draft-verify iteration; its tokens "
               "estimated from its characters): the server did not export per-position counters.")
+
+
+def _memory_section(doc: Doc, result: BenchResult, memory_png: bytes) -> None:
     doc.h2("Server memory")
     mrows = []
     for key, v in result.memory_summary.items():
@@ -144,16 +165,18 @@ def build_doc(result: BenchResult, images: dict[str, bytes]) -> Doc:
                           v["slope_bytes_per_min"] / _MIB])
     if mrows:
         doc.table(["series", "first MiB", "last MiB", "peak MiB", "growth MiB", "MiB/min"], mrows, digits=1)
-    doc.image("Server memory over time", images["memory_png"])
+    doc.image("Server memory over time", memory_png)
+
+
+def _client_section(doc: Doc, c: dict) -> None:
+    """Whether the load generator kept up (its send rate, lag and CPU)."""
     doc.h2("Client")
-    c = result.client
     doc.p(f"Max send rate (refused probe requests): {fmt(c.get('max_send_rate_rps'))} req/s; achieved send rate "
           f"{fmt(c.get('achieved_send_rate_rps'), 2)} req/s; send lag p99 {fmt(c.get('lag_ms_p99'))} ms; client CPU "
           f"{fmt(c.get('cpu_ms_per_request'), 2)} ms per request, {fmt(c.get('cpu_cores'), 2)} cores on average; "
           + ("the client may have been the bottleneck (sends were late or its probe rate is under twice the target; "
              "with a CPU share well below one core, it was starved by other processes on its machine)."
              if c.get("client_bound") else "the client was not the bottleneck."))
-    return doc
 
 
 def _error_examples(result: BenchResult) -> list[list]:

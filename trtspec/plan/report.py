@@ -12,7 +12,7 @@ from trtspec.bench.doc import Doc, fmt
 from trtspec.bench.plots import to_png
 from trtspec.bench.runner import DEFAULT_DRAFTER
 from trtspec.plan.logs import RequestLog
-from trtspec.plan.policy import write_policies
+from trtspec.plan.policy import Recommendation, write_policies
 
 FILES = {
     "json": "plan.json",
@@ -194,10 +194,26 @@ def drafters_plot(plan: dict) -> bytes:
 
 
 def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]) -> Doc:
-    lg, th, sp, ld, inp = plan["log"], plan["threshold"], plan["speedup"], plan["load"], plan["inputs"]
-    rec = plan["policy"]
+    """The report: the summary, the traffic, drafters compared, expected speedup, ROI, the policy."""
     doc = Doc("trtspec plan")
     doc.pre(text_summary(plan))
+    _traffic_section(doc, plan, images)
+    if compares_drafters(plan):
+        doc.h2("By drafter")
+        doc.p("The bench runs grouped by the drafter their speculating arms sent (trtspec bench --drafter; "
+              "default: none named); each drafter planned with its own alpha, c, k and load points. The plan below "
+              f"is the one with the highest overall speedup under its recommended policy: {serve_with(plan)}.")
+        doc.table(DRAFTER_HEADERS, drafter_rows(plan), digits=3)
+        doc.image("Expected speedup by drafter", images["drafters_png"])
+    _speedup_section(doc, plan, images)
+    _roi_section(doc, plan["roi"])
+    _policy_section(doc, plan["policy"], policy_files)
+    return doc
+
+
+def _traffic_section(doc: Doc, plan: dict, images: dict[str, bytes]) -> None:
+    """The log read: requests, rows left out, lengths, the share above the current threshold."""
+    lg, th = plan["log"], plan["threshold"]
     doc.h2("Traffic")
     doc.p(f"{lg['requests']} requests from {lg['path']} ({lg['format']}) over {lg['span_s'] / 3600:.2f} h; "
           f"priorities {', '.join(f'{k} {v}' for k, v in sorted(lg['by_priority'].items()))}.")
@@ -207,13 +223,11 @@ def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]
     doc.image("Token-length distribution", images["lengths_png"])
     doc.p(f"Above the current threshold ({th['current']} context tokens): {th['share_requests_above_current']:.1%} "
           f"of requests, {th['share_output_tokens_above_current']:.1%} of output tokens.")
-    if compares_drafters(plan):
-        doc.h2("By drafter")
-        doc.p("The bench runs grouped by the drafter their speculating arms sent (trtspec bench --drafter; "
-              "default: none named); each drafter planned with its own alpha, c, k and load points. The plan below "
-              f"is the one with the highest overall speedup under its recommended policy: {serve_with(plan)}.")
-        doc.table(DRAFTER_HEADERS, drafter_rows(plan), digits=3)
-        doc.image("Expected speedup by drafter", images["drafters_png"])
+
+
+def _speedup_section(doc: Doc, plan: dict, images: dict[str, bytes]) -> None:
+    """Leviathan's speedup by bucket, load-corrected, the bench points, overall by policy."""
+    sp, ld, inp = plan["speedup"], plan["load"], plan["inputs"]
     doc.h2("Expected speedup")
     doc.p(f"Leviathan et al. 2023 (Thm 3.8): speedup = (1 - alpha^(k+1)) / ((1 - alpha)(k c + 1)), with alpha "
           f"{inp['alpha']:.3f}, c {inp['c']:.3f} (effective: verify cost folded in), k {inp['k']} from {inp['source']}; "
@@ -230,19 +244,25 @@ def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]
         doc.image("Measured speedup vs request rate", images["load_png"])
     doc.p(f"Overall (token-weighted): current policy {sp['current_policy']:.3f}, recommended {sp['recommended_policy']:.3f}, "
           f"everything speculating {sp['all_speculate']:.3f}.")
+
+
+def _roi_section(doc: Doc, roi: dict | None) -> None:
     doc.h2("ROI")
-    roi = plan["roi"]
-    if roi:
-        doc.table(["", "value"], [
-            ["tokens/s per GPU (speculation off)", roi["tokens_per_s"]],
-            ["GPU-hours/day without speculation", roi["gpu_hours_per_day_off"]],
-            ["GPU-hours/day with the recommended policy", roi["gpu_hours_per_day_on"]],
-            ["GPU-hours/day saved", roi["saved_gpu_hours_per_day"]],
-            ["saved per day", roi["saved_per_day"]],
-            ["saved per year", roi["saved_per_year"]],
-        ], digits=2)
-    else:
+    if not roi:
         doc.p("Not computed: the tokens/s one GPU generates is unknown (--tokens-per-s, or a bench result without errors).")
+        return
+    doc.table(["", "value"], [
+        ["tokens/s per GPU (speculation off)", roi["tokens_per_s"]],
+        ["GPU-hours/day without speculation", roi["gpu_hours_per_day_off"]],
+        ["GPU-hours/day with the recommended policy", roi["gpu_hours_per_day_on"]],
+        ["GPU-hours/day saved", roi["saved_gpu_hours_per_day"]],
+        ["saved per day", roi["saved_per_day"]],
+        ["saved per year", roi["saved_per_year"]],
+    ], digits=2)
+
+
+def _policy_section(doc: Doc, rec: Recommendation, policy_files: dict[str, str]) -> None:
+    """The recommended policy in words, and each rollout stage's file."""
     doc.h2("Recommended policy")
     if rec.threshold is None:
         doc.p("Speculation does not pay here: policy.yaml sets rollout mode off.")
@@ -255,7 +275,6 @@ def build_doc(plan: dict, images: dict[str, bytes], policy_files: dict[str, str]
     for stage, path in policy_files.items():
         doc.p(f"{stage}: {path}")
         doc.pre(Path(path).read_text())
-    return doc
 
 
 def write_plan(plan: dict, log: RequestLog, out_dir: str | Path) -> dict[str, str]:
