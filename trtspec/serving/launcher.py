@@ -305,15 +305,8 @@ class TritonServer:
         if not repo.is_dir():
             raise ServerError(f"model repository not found: {repo}")
         install = self.install or find_tritonserver()
-        if self.work_dir is None:
-            self.work_dir = Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
-            self._own_work_dir = True
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        if self.log_file is None:
-            self.log_file = self.work_dir / "tritonserver.log"
-        self.log_file = Path(self.log_file).resolve()
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        backend_dir = install.make_backend_dir(self.work_dir)
+        work_dir = self._make_dirs()
+        backend_dir = install.make_backend_dir(work_dir)
 
         # A port picked free can be taken before the server binds it: retry
         # with fresh picks when we chose the ports ourselves.
@@ -321,27 +314,7 @@ class TritonServer:
         attempts = 3 if picked else 1
         try:
             for attempt in range(attempts):
-                fresh = iter(free_ports(3, self.host))
-                self.endpoints = Endpoints(
-                    host=self.host,
-                    http_port=self.http_port or next(fresh),
-                    grpc_port=self.grpc_port or next(fresh),
-                    metrics_port=self.metrics_port or next(fresh),
-                )
-                log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
-                self._log_handle = self.log_file.open("ab")
-                env = install.env(malloc=self.malloc)
-                env[statusfile.ENV] = str(self._fresh_status_dir())
-                env[TRITON_URL_ENV] = f"http://{self.endpoints.http}"
-                self._proc = subprocess.Popen(
-                    self._command(install, repo, backend_dir, self.endpoints),
-                    stdout=self._log_handle,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    cwd=str(self.work_dir),
-                    start_new_session=True,  # a Ctrl-C meant for us does not reach the server twice
-                )
+                log_start = self._spawn(install, repo, backend_dir)
                 try:
                     self._wait_ready(repo)
                     return self.endpoints
@@ -353,6 +326,45 @@ class TritonServer:
         except BaseException:
             self.stop()  # never leave a server behind, whatever interrupted the start
             raise
+
+    def _make_dirs(self) -> Path:
+        """The work directory (a temporary one of ours unless given) and the log file's; the work directory."""
+        if self.work_dir is None:
+            self.work_dir = Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
+            self._own_work_dir = True
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.log_file is None:
+            self.log_file = self.work_dir / "tritonserver.log"
+        self.log_file = Path(self.log_file).resolve()
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        return self.work_dir
+
+    def _spawn(self, install: TritonInstall, repo: Path, backend_dir: Path | None) -> int:
+        """Start tritonserver on the ports asked (free ones for 0), its output appended to the log file;
+        the log's size before, where this start's lines begin."""
+        assert self.work_dir is not None and self.log_file is not None
+        fresh = iter(free_ports(3, self.host))
+        self.endpoints = Endpoints(
+            host=self.host,
+            http_port=self.http_port or next(fresh),
+            grpc_port=self.grpc_port or next(fresh),
+            metrics_port=self.metrics_port or next(fresh),
+        )
+        log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
+        self._log_handle = self.log_file.open("ab")
+        env = install.env(malloc=self.malloc)
+        env[statusfile.ENV] = str(self._fresh_status_dir())
+        env[TRITON_URL_ENV] = f"http://{self.endpoints.http}"
+        self._proc = subprocess.Popen(
+            self._command(install, repo, backend_dir, self.endpoints),
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=str(self.work_dir),
+            start_new_session=True,  # a Ctrl-C meant for us does not reach the server twice
+        )
+        return log_start
 
     @property
     def status_dir(self) -> Path | None:
