@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.serving import launcher
 from trtspec.serving.launcher import (
     DEFAULT_OMP_SPINCOUNT,
     MALLOC_ENV,
@@ -83,15 +85,15 @@ def test_free_ports_are_free():
         s.bind(("127.0.0.1", port))
 
 
-def _repo_with(tmp_path: Path, body: str) -> Path:
-    model = tmp_path / "repo" / "broken"
+def _repo_with(tmp_path: Path, body: str, name: str = "broken") -> Path:
+    model = tmp_path / "repo" / name
     (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(textwrap.dedent("""\
-        name: "broken"
+    (model / "config.pbtxt").write_text(textwrap.dedent(f"""\
+        name: "{name}"
         backend: "python"
         max_batch_size: 0
-        input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        input [ {{ name: "x" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+        output [ {{ name: "y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
         """))
     (model / "1" / "model.py").write_text(textwrap.dedent(body))
     return tmp_path / "repo"
@@ -195,3 +197,57 @@ def test_a_signal_another_thread_takes_still_ends_wait(tmp_path):
         signal.signal(signal.SIGUSR1, previous)
         server._proc.kill()
         server._proc.wait()
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["http", "grpc", "metrics"])
+def test_a_picked_port_taken_before_the_server_binds_it_is_picked_again(install, tmp_path, monkeypatch, which):
+    """A port picked free can be taken before tritonserver binds it (another process between the pick and
+    the bind): the start reads the clash from the server's log and tries again on fresh picks."""
+    repo = _repo_with(tmp_path, """\
+        class TritonPythonModel:
+            def execute(self, requests):
+                return []
+        """, name="idle")
+    picks: list[list[int]] = []
+    real_free_ports = launcher.free_ports
+
+    def first_pick_taken(n: int, host: str = "127.0.0.1") -> list[int]:
+        ports = real_free_ports(n, host)
+        if not picks:
+            ports[which] = taken.getsockname()[1]
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(launcher, "free_ports", first_pick_taken)
+    server = TritonServer(repo, install=install, log_file=tmp_path / "log.txt")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        try:
+            endpoints = server.start()
+            used = (endpoints.http_port, endpoints.grpc_port, endpoints.metrics_port)
+            assert len(picks) == 2 and list(used) == picks[1] and taken.getsockname()[1] not in used
+            assert server.alive()
+        finally:
+            server.stop()
+
+
+@pytest.mark.parametrize("service", ["HTTP", "GRPC", "Metrics"])
+def test_a_port_taken_is_one_clear_line_and_no_server_left(install, tmp_path, service):
+    """A port given and taken: the start fails with Triton's reason in one line, naming the port, and
+    leaves no process. For metrics Triton itself goes on without the service (it exits for HTTP and
+    gRPC): a server without metrics would have been served as if it had them."""
+    repo = _repo_with(tmp_path, """\
+        class TritonPythonModel:
+            def execute(self, requests):
+                return []
+        """, name="idle")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"http_port": 0, "grpc_port": 0, "metrics_port": 0, f"{service.lower()}_port": port}
+        server = TritonServer(repo, install=install, log_file=tmp_path / "log.txt", **ports)
+        with pytest.raises(ServerError, match=rf"failed to start {service} service: .*127.0.0.1:{port}' already in use") as e:
+            server.start()
+    assert "\n" not in str(e.value) and server.pid is None and not server.alive()

@@ -316,7 +316,7 @@ class TritonServer:
             for attempt in range(attempts):
                 log_start = self._spawn(install, repo, backend_dir)
                 try:
-                    self._wait_ready(repo)
+                    self._wait_ready(repo, log_start)
                     return self.endpoints
                 except ServerError:
                     self._terminate()
@@ -378,11 +378,21 @@ class TritonServer:
         d.mkdir(parents=True, exist_ok=True)
         return d
 
-    def _port_clash(self, since: int) -> bool:
+    def _service_failure(self, since: int) -> str | None:
+        """The first "failed to start <service>: <why>" in the log from ``since`` on, None if none."""
         assert self.log_file is not None
         with Path(self.log_file).open("rb") as f:
             f.seek(since)
-            return b"address already in use" in f.read().lower()
+            found = re.search(r"failed to start [^\"\n]*", f.read().decode("utf-8", "replace"))
+        return found.group(0).strip() if found else None
+
+    def _port_clash(self, since: int) -> bool:
+        """Whether the log from ``since`` on says a port was taken: gRPC's "Address already in use",
+        or the HTTP and metrics services' "Socket '127.0.0.1:8000' already in use"."""
+        assert self.log_file is not None
+        with Path(self.log_file).open("rb") as f:
+            f.seek(since)
+            return b"already in use" in f.read().lower()
 
     def _command(self, install: TritonInstall, repo: Path, backend_dir: Path | None, ep: Endpoints) -> list[str]:
         cmd = [
@@ -410,18 +420,25 @@ class TritonServer:
         cmd.extend(self.extra_args)
         return cmd
 
-    def _wait_ready(self, repo: Path) -> None:
+    def _wait_ready(self, repo: Path, log_start: int) -> None:
+        """Until the server and every model are ready and the metrics endpoint answers. Triton goes on
+        without its metrics service when it cannot bind the port (it exits for HTTP and gRPC): that
+        line in its log (from ``log_start``, this start's) fails the start."""
         assert self._proc is not None and self.endpoints is not None
         models = sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file())
         base = f"http://{self.endpoints.http}"
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             code = self._proc.poll()
+            failure = self._service_failure(log_start)
+            if failure is not None:  # a port taken: one line that names it
+                exited = "" if code is None else f" (exited with code {code})"
+                raise ServerError(f"tritonserver {failure}{exited}; log: {self.log_file}")
             if code is not None:
                 raise ServerError(f"tritonserver exited with code {code} while starting; {self._log_excerpt()}")
             if _http_ok(f"{base}/v2/health/ready") and all(
                 _http_ok(f"{base}/v2/models/{m}/ready") for m in models
-            ):
+            ) and _http_ok(self.endpoints.metrics_url):
                 return
             if time.monotonic() > deadline:
                 raise ServerError(
