@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -117,10 +118,37 @@ def test_serve_exits_non_zero_when_tritonserver_dies_under_it(target_only_repo, 
         urllib.request.urlopen(f"{info['endpoints']['openai']}/models", timeout=10)
 
 
-def test_serve_refuses_a_directory_that_is_not_a_model_repository(tmp_path):
+def _serve(*args: str):
     from trtspec.cli.serve import serve
 
     app = typer.Typer()
     app.command()(serve)
-    result = CliRunner().invoke(app, ["--model-repo", str(tmp_path)])
+    return CliRunner().invoke(app, list(args))
+
+
+def test_serve_refuses_a_directory_that_is_not_a_model_repository(tmp_path):
+    result = _serve("--model-repo", str(tmp_path))
     assert result.exit_code == 1 and "is not a trtspec model repository" in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--http-port", "--grpc-port", "--metrics-port", "--status-port", "--openai-port"])
+def test_serve_refuses_a_taken_port_before_starting_the_server(target_only_repo, option):
+    """At once, naming the option: tritonserver would bind its ports only after loading every model
+    (minutes for a large one), and its error would not say which option to change. The message, one
+    line, is the check's own: no server ran (its failure would read "tritonserver failed to start ...")."""
+    ports = {"--http-port": "0", "--grpc-port": "0", "--metrics-port": "0", "--status-port": "0", "--openai-port": "-1"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports[option] = str(port)
+        result = _serve("--model-repo", str(target_only_repo), "--host", "127.0.0.1",
+                        *(x for kv in ports.items() for x in kv))
+    assert result.exit_code == 1
+    assert result.stderr == f"error: {option} {port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_serve_refuses_one_port_asked_twice(target_only_repo):
+    result = _serve("--model-repo", str(target_only_repo), "--host", "127.0.0.1", "--http-port", "18080",
+                    "--grpc-port", "0", "--metrics-port", "0", "--status-port", "18080")
+    assert result.exit_code == 1 and result.stderr == "error: --http-port and --status-port are both 18080\n"

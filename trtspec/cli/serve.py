@@ -57,11 +57,14 @@ def serve(
 ) -> None:
     """Start tritonserver on MODEL_REPO, print its endpoints, serve until Ctrl-C or SIGTERM (then drain)."""
     from trtspec.builder.repo import served_model_name
-    from trtspec.serving.launcher import TritonServer, find_tritonserver, malloc_library  # noqa: F811
+    from trtspec.serving.launcher import TritonServer, check_ports_free, find_tritonserver, malloc_library  # noqa: F811
 
     model = served_model_name(model_repo) if model_repo.is_dir() else None
     if model is None or not (model_repo / model / "config.pbtxt").is_file():
         fail(f"{model_repo} is not a trtspec model repository (no spec_decode model in it)")
+    with domain_errors():  # now, not after every model has loaded
+        check_ports_free(host, {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port,
+                                "--status-port": status_port, "--openai-port": openai_port})
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
     running = _Running()
     at_once = False

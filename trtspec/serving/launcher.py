@@ -51,7 +51,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,6 +235,26 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         for s in socks:
             s.bind((host if host != "0.0.0.0" else "", 0))
         return [int(s.getsockname()[1]) for s in socks]
+
+
+def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
+    """Raise :class:`ServerError` naming the option when a port asked for (``ports``: option -> port; 0
+    picks one, -1 is none) is taken on ``host`` or asked twice. tritonserver binds its ports only
+    after loading every model (minutes for a large one), and the front doors start after it."""
+    seen: dict[int, str] = {}
+    for option, port in ports.items():
+        if port <= 0:
+            continue
+        if port in seen:
+            raise ServerError(f"{seen[port]} and {option} are both {port}")
+        seen[port] = option
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to servers
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise ServerError(f"{option} {port}: cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 def _connect_host(host: str) -> str:
