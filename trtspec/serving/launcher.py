@@ -241,13 +241,13 @@ def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
     """Raise :class:`ServerError` naming the option when a port asked for (``ports``: option -> port; 0
     picks one, -1 is none) is taken on ``host`` or asked twice. tritonserver binds its ports only
     after loading every model (minutes for a large one), and the front doors start after it."""
+    asked = {option: port for option, port in ports.items() if port > 0}
     seen: dict[int, str] = {}
-    for option, port in ports.items():
-        if port <= 0:
-            continue
+    for option, port in asked.items():
         if port in seen:
             raise ServerError(f"{seen[port]} and {option} are both {port}")
         seen[port] = option
+    for option, port in asked.items():
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to servers
