@@ -60,6 +60,13 @@ def test_bad_rows_fail_with_their_line_numbers_unless_skipped(small_log: Path, t
     assert data["log"]["requests"] == 5
 
 
+def test_a_log_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    for path, why in ((tmp_path / "missing.jsonl", "No such file or directory"), (tmp_path, "Is a directory")):
+        r = runner.invoke(app, [str(path), "--alpha", "0.8", "--c", "0.1", "--out", str(tmp_path / "o")])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.exception  # not a traceback
+        assert r.stderr == f"error: cannot read request log {path}: {why}\n"
+
+
 def test_inputs_are_required(small_log: Path, tmp_path: Path) -> None:
     r = runner.invoke(app, [str(small_log), "--alpha", "0.8", "--out", str(tmp_path / "o")])
     assert r.exit_code == 1

@@ -31,12 +31,13 @@ def plan(
 
     cfg = PlanConfig(alpha=alpha, c=c, k=k, gpu_price=gpu_price, tokens_per_s=tokens_per_s, rate_per_gpu=rate_per_gpu,
                      threshold=threshold, min_gain=min_gain)
-    try:
-        request_log = read_log(logfile, skip_bad_rows=skip_bad_rows)
-    except LogParseError as e:
-        for p in e.problems:
-            err_console.print(f"{e.path}:{p.line}: {p.message}", soft_wrap=True, markup=False, highlight=False)
-        fail(str(e).split(": ", 1)[0] + f": {len(e.problems)} bad row(s) (listed above); fix them or pass --skip-bad-rows")
+    with domain_errors():  # a log that cannot be read: one line
+        try:
+            request_log = read_log(logfile, skip_bad_rows=skip_bad_rows)
+        except LogParseError as e:  # bad rows: each listed, then one line
+            for p in e.problems:
+                err_console.print(f"{e.path}:{p.line}: {p.message}", soft_wrap=True, markup=False, highlight=False)
+            fail(str(e).split(": ", 1)[0] + f": {len(e.problems)} bad row(s) (listed above); fix them or pass --skip-bad-rows")
     with domain_errors():
         if policy is not None:
             from trtspec.control import load_policy
