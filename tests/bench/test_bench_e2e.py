@@ -158,3 +158,17 @@ def test_cli_bench_json(bench_server, tmp_path: Path) -> None:
     assert r.exit_code == 1
     assert "no request was answered (refused 2)" in r.stderr
     assert (tmp_path / "none" / "results.json").is_file()
+
+
+def test_cli_bench_refuses_an_out_it_cannot_write_before_sending(tmp_path: Path) -> None:
+    """A long run must not end unable to write what it measured: refused at once, nothing sent."""
+    from trtspec.cli.bench import bench
+
+    app = typer.Typer()
+    app.command()(bench)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = CliRunner().invoke(app, ["--url", f"127.0.0.1:{free_port()}", "--concurrency", "1", "--requests", "2",
+                                 "--no-probe", "--out", str(blocker / "out")])
+    assert r.exit_code == 1
+    assert r.stderr == f"error: --out {blocker / 'out'}: {blocker} is not a directory\n"  # not "no request was answered"

@@ -99,6 +99,18 @@ def test_the_target_is_required(tmp_path: Path) -> None:
     assert res.exit_code == 1 and error_line(res) == "error: --target is required (or pass --demo)"
 
 
+def test_an_output_directory_that_cannot_be_made_is_refused_before_the_steps(tiny_target: Path, tiny_draft: Path,
+                                                                            tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args = base_args(tiny_target, tiny_draft, tmp_path)
+    args[args.index("--model-repo") + 1] = str(blocker / "model_repo")
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1
+    assert error_line(res) == f"error: --model-repo {blocker / 'model_repo'}: {blocker} is not a directory"
+    assert not (tmp_path / "engines").exists()  # no step ran, nothing was created
+
+
 def test_without_a_draft_the_target_is_served_with_ngram(tiny_target: Path, tmp_path: Path) -> None:
     res = runner.invoke(app, target_args(tiny_target, tmp_path) + ["--json"])
     assert res.exit_code == 0, res.output

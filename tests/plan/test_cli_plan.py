@@ -67,6 +67,14 @@ def test_a_log_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
         assert r.stderr == f"error: cannot read request log {path}: {why}\n"
 
 
+def test_an_out_that_cannot_be_made_is_one_line(small_log: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = runner.invoke(app, [str(small_log), "--alpha", "0.8", "--c", "0.1", "--out", str(blocker / "o")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.exception
+    assert r.stderr == f"error: --out {blocker / 'o'}: {blocker} is not a directory\n"
+
+
 def test_inputs_are_required(small_log: Path, tmp_path: Path) -> None:
     r = runner.invoke(app, [str(small_log), "--alpha", "0.8", "--out", str(tmp_path / "o")])
     assert r.exit_code == 1

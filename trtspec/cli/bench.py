@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, print_json
+from trtspec.cli.common import JsonOpt, check_output_dir, domain_errors, err_console, fail, log, print_json
 
 
 def bench(
@@ -70,6 +70,7 @@ def bench(
             drafter=drafter,
             probe=probe,
         )
+        check_output_dir(out, "--out")  # before the run, not after it
         if json_out:
             result = run_bench(cfg)
         else:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, print_json
+from trtspec.cli.common import JsonOpt, check_output_dir, domain_errors, err_console, fail, log, print_json
 from trtspec.decoding.types import DrafterKind
 from trtspec.wire import SPEC_DECODE, SpecDecodeParams
 
@@ -95,6 +95,9 @@ def build(
             dry_run=dry_run,
             force=force,
         )
+        if not dry_run:  # before the steps, not at the end of them
+            check_output_dir(engines, "--engines")
+            check_output_dir(model_repo, "--model-repo")
         if json_out:
             result = run_build(opts)
         else:

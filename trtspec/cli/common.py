@@ -9,9 +9,11 @@ stderr and exit code 1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -33,11 +35,27 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 @contextmanager
 def domain_errors() -> Iterator[None]:
-    """Turn library errors into one-line CLI errors."""
+    """Turn library errors, and a file or directory that cannot be read or written, into one-line CLI errors."""
     try:
         yield
     except TrtspecError as e:
         fail(str(e))
+    except OSError as e:
+        if e.filename is None:
+            raise
+        fail(f"{e.filename}: {e.strerror or e}")
+
+
+def check_output_dir(path: Path, option: str) -> None:
+    """Fail now, in one line naming ``option``, when ``path`` could not be created or written: a long run
+    must not end unable to write what it made. Nothing is created here."""
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        fail(f"{option} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        fail(f"{option} {path}: {existing} is not writable")
 
 
 def print_json(obj: Any) -> None:

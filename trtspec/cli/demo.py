@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from trtspec.cli.build import DraftQuant
-from trtspec.cli.common import JsonOpt, domain_errors, log, print_json
+from trtspec.cli.common import JsonOpt, check_output_dir, domain_errors, log, print_json
 
 DEMO_PROMPTS = (
     "Explain how photosynthesis works.",
@@ -37,6 +37,7 @@ def demo(
     from trtspec.serving.launcher import TritonServer, find_tritonserver
 
     say = lambda m: log(m, quiet=json_out)  # noqa: E731
+    check_output_dir(out, "--out")  # before the pair is prepared and built
     runs = []
     with domain_errors():
         pair = prepare_demo(progress=lambda m: say(f"[demo] {m}"))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from trtspec.cli.common import JsonOpt, domain_errors, err_console, fail, log, print_json
+from trtspec.cli.common import JsonOpt, check_output_dir, domain_errors, err_console, fail, log, print_json
 
 
 def plan(
@@ -38,6 +38,7 @@ def plan(
             for p in e.problems:
                 err_console.print(f"{e.path}:{p.line}: {p.message}", soft_wrap=True, markup=False, highlight=False)
             fail(str(e).split(": ", 1)[0] + f": {len(e.problems)} bad row(s) (listed above); fix them or pass --skip-bad-rows")
+    check_output_dir(out, "--out")
     with domain_errors():
         if policy is not None:
             from trtspec.control import load_policy
