@@ -102,10 +102,11 @@ def test_rejection_rate_has_one_shape_everywhere() -> None:
     assert signals()["rejection_rate_warn"] == M.rejection_rate_expr("5m")
 
 
-def test_cli_rejects_bad_slo() -> None:
-    result = runner.invoke(app, ["rules", "--slo-ttft-ms", "0"])
+@pytest.mark.parametrize("option, value", [("--slo-ttft-ms", "0"), ("--slo-ttft-ms", "-5"), ("--slo-itl-ms", "-0.5")])
+def test_cli_rejects_bad_slo(option: str, value: str) -> None:
+    result = runner.invoke(app, ["rules", option, value])
     assert result.exit_code == 1
-    assert "--slo-ttft-ms must be > 0" in result.output
+    assert result.stderr == f"error: {option} must be > 0, got {float(value):g}\n"  # as given, in ms
 
 
 def test_alert_rules_fire_at_their_boundaries(tmp_path: Path, promtool: str) -> None:

@@ -39,11 +39,13 @@ _DEFAULT = AlertConfig()
 
 
 def _config(slo_ttft_ms: float, slo_itl_ms: float, fallback_budget: float) -> AlertConfig:
+    for option, ms in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-itl-ms", slo_itl_ms)):
+        if not ms > 0:  # named as given, in milliseconds (the config holds seconds)
+            fail(f"{option} must be > 0, got {ms:g}")
     try:
         return AlertConfig(slo_ttft_s=slo_ttft_ms / 1000.0, slo_itl_s=slo_itl_ms / 1000.0, fallback_budget=fallback_budget)
     except ValueError as e:
-        fail(str(e).replace("slo_ttft_s", "--slo-ttft-ms").replace("slo_itl_s", "--slo-itl-ms").replace(
-            "fallback_budget", "--fallback-budget"))
+        fail(str(e).replace("fallback_budget", "--fallback-budget"))
 
 
 @app.command("rules")
