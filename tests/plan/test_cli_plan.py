@@ -67,6 +67,15 @@ def test_a_log_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
         assert r.stderr == f"error: cannot read request log {path}: {why}\n"
 
 
+def test_a_bench_file_that_cannot_be_read_is_one_line(small_log: Path, tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("garbage")
+    for path, why in ((tmp_path / "missing.json", "No such file or directory"),
+                      (garbage, "not JSON (Expecting value: line 1 column 1 (char 0))")):
+        r = runner.invoke(app, [str(small_log), "--bench", str(path), "--out", str(tmp_path / "o")])
+        assert r.exit_code == 1 and r.stderr == f"error: cannot read bench results {path}: {why}\n"
+
+
 def test_an_out_that_cannot_be_made_is_one_line(small_log: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -218,8 +218,10 @@ def load_result(path: str | Path) -> BenchResult:
 
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise BenchError(f"cannot read bench results {path}: {e}") from None
+    except OSError as e:
+        raise BenchError(f"cannot read bench results {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise BenchError(f"cannot read bench results {path}: not JSON ({e})") from None
     try:
         return result_from_dict(data)
     except (KeyError, TypeError, ValueError) as e:
