@@ -5,7 +5,8 @@ undelayed, it decoded its 700 tokens in 2.95 s of a 3 s grace on a 2-core Zen 4)
 One server for the whole story: a request streaming when the signal comes gets its full answer;
 one sent after it is refused with one line (over gRPC and through the OpenAI endpoint, whose
 ``/health`` turns 503 with the status endpoint's ``/ready``); one that cannot finish within ``--grace-period``
-ends with a one-line error and is counted; the command exits 0 within the grace period.
+ends with a one-line error and is counted; the command exits 0 within the grace period. A second
+signal stops at once (its own server).
 """
 
 from __future__ import annotations
@@ -125,3 +126,39 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(repo, tm
     # 2 or 3 refused: ours (gRPC, OpenAI) and maybe /ready's own probe, when it raced the signal handler
     assert re.search(r"drained in [\d.]+s: 2 request\(s\) were in flight, 1 ended at the grace period, "
                      r"[23] refused while draining", stderr), stderr
+
+
+def test_a_second_sigterm_stops_at_once(repo, tmp_path):
+    """Draining waits up to the grace period (30 s here); a second signal cuts it short: the request in
+    flight ends with an error, the command exits well before the grace period is over."""
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    with serve_process(repo, tmp_path / "server.log", "--grace-period", "30") as (proc, info):
+        grpc = info["endpoints"]["grpc"]
+        ready_url = info["endpoints"]["status"].replace("/status", "/ready")
+        streaming, result = threading.Event(), {}
+
+        def send() -> None:
+            try:
+                result["r"] = generate_grpc(grpc, LONG_PROMPT, GenerateParams(max_tokens=700, speculation="off"),
+                                            on_text=lambda _: streaming.set(), timeout_s=120)
+            except ClientError as e:
+                result["r"] = e
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        assert streaming.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        assert _not_ready_within(ready_url, 5.0) == 503  # draining
+        again = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        stopped_s = time.monotonic() - again
+        thread.join(60)
+        stderr = proc.stderr.read()
+    assert code == 0, stderr
+    assert stopped_s < 15, stderr  # not the 30 s grace period (tritonserver's own exit takes a few seconds)
+    assert "SIGTERM received again: stopping at once" in stderr, stderr
+    assert isinstance(result["r"], ClientError), result["r"]  # the 700-token request did not finish
