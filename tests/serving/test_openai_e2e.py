@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 from trtspec.builder.repo import write_model_repo
 from trtspec.serving import statusfile
 from trtspec.serving.client import GenerateParams, generate_http
-from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver
+from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver, free_port
+from trtspec.serving.openai_api.app import ProxySettings
 from trtspec.serving.openai_api.server import OpenAIServer
 from trtspec.testing.tiny import with_chat_template
 
@@ -237,6 +239,26 @@ def test_health_and_metrics(served):
     text = urllib.request.urlopen(f"{proxy.url}/metrics", timeout=10).read().decode()
     assert 'trtspec_openai_requests_total{endpoint="/v1/completions",outcome="ok"}' in text
     assert "trtspec_openai_time_to_first_token_seconds_bucket" in text
+    assert 'trtspec_openai_request_duration_seconds_count{endpoint="/v1/completions"}' in text
+
+
+def test_a_body_that_is_not_json_is_a_400_in_openais_error_json(served):
+    request = urllib.request.Request(f"{served[1].url}/v1/completions", data=b'{"model": "spec_decode", "prompt"',
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    error = json.loads(info.value.read())["error"]
+    assert info.value.code == 400 and error["type"] == "invalid_request_error" and "\n" not in error["message"]
+
+
+def test_health_is_503_while_triton_cannot_be_reached(tmp_path):
+    """No tritonserver behind the endpoint (a free port): /health says so, it does not hang or 500."""
+    settings = ProxySettings(triton_grpc=f"127.0.0.1:{free_port()}", model="spec_decode", served_name="spec_decode",
+                             max_tokens_limit=16, tokenizer=None)
+    with OpenAIServer(settings.triton_grpc, settings=settings) as proxy:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"{proxy.url}/health", timeout=30)
+    assert info.value.code == 503 and json.loads(info.value.read()) == {"status": "unavailable", "model": "spec_decode"}
 
 
 def test_bench_drives_the_openai_endpoint(served):

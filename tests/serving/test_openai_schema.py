@@ -58,6 +58,9 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: CompletionRequest(model="m", prompt=[[1, 2], [3]]), "prompt"),
     (lambda: CompletionRequest(model="m", prompt="a", echo=True), "echo"),
     (lambda: CompletionRequest(model="m", prompt="a", best_of=2), "best_of"),
+    (lambda: chat(logit_bias={"42": 5.0}), "logit_bias"),
+    (lambda: chat(top_logprobs=2), "top_logprobs"),
+    (lambda: CompletionRequest(model="m", prompt="a", suffix="and then"), "suffix"),
 ])
 def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
     with pytest.raises(OpenAIError) as info:
@@ -67,6 +70,14 @@ def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
 
 def test_neutral_values_of_unsupported_fields_pass():
     chat(n=1, logprobs=False, presence_penalty=0.0, response_format={"type": "text"}).refuse_unsupported()
+
+
+def test_fields_we_do_not_know_are_ignored():
+    """As OpenAI-compatible servers do: a newer SDK's field is not an error."""
+    request = chat(user="u-1", metadata={"k": "v"}, some_future_field=3)
+    request.refuse_unsupported()
+    assert not hasattr(request, "some_future_field")
+    assert request.params(8, 300, apply_chat_template=False).fields() == chat().params(8, 300, apply_chat_template=False).fields()
 
 
 def test_image_content_is_refused_and_text_parts_are_joined():

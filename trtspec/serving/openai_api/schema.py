@@ -131,8 +131,9 @@ class ChatCompletionRequest(_Request):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.logprobs or self.top_logprobs:
-            raise OpenAIError(400, "logprobs is not supported by this server", "logprobs")
+        for name in ("logprobs", "top_logprobs"):
+            if getattr(self, name):  # the field the request gave is the one named
+                raise OpenAIError(400, f"{name} is not supported by this server", name)
         if self.tools:
             raise OpenAIError(400, "tools are not supported by this server", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
