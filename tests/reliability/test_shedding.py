@@ -1,8 +1,9 @@
-"""spec_decode in-process (fake pb_utils, real tiny models): load shedding and the fail-fast target."""
+"""spec_decode in-process (fake pb_utils, real tiny models): load shedding, the late and the fail-fast target."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,29 @@ def test_while_the_target_is_known_down_requests_fail_fast(pb):
         assert pb.bls_calls.get("target", 0) - calls_before <= 2  # no call for the request (probes aside)
     finally:
         pb.down.discard("target")
+
+
+def test_a_late_target_call_ends_the_request_with_one_line_and_the_server_recovers(tiny_target: Path, tiny_draft: Path,
+                                                                                   static_policy: Path):
+    """docs/reliability.md: a target call past its deadline ends the request with UNAVAILABLE, one line; once
+    the target answers in time again (the supervisor's probe has a deadline of its own), requests pass."""
+    pb = fake_deployment(tiny_target, tiny_draft, max_tokens_limit=100, policy_file=str(static_policy),
+                         parameters={"target_timeout_s": 0.2, "timeout_per_token_s": 0.0})
+    target = pb._models["target"].instance
+    answer = target.execute
+    target.execute = lambda requests: (time.sleep(1.0), answer(requests))[1]  # every target call 1 s late
+    try:
+        (late,) = pb.execute("spec_decode", [pb.client_request("spec_decode", {"text_input": "hi", "max_tokens": 5})])
+        late.wait(30)
+        assert late.error is not None and late.error.code() == TritonError.UNAVAILABLE
+        assert late.error.message() == "model 'target' did not answer within 0.2s"
+        target.execute = answer  # on time again
+        model = pb._models["spec_decode"].instance
+        deadline = time.monotonic() + 30
+        while model.health.target.state.value != "healthy" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (ok,) = pb.execute("spec_decode", [pb.client_request("spec_decode", {"text_input": "hi", "max_tokens": 5})])
+        ok.wait(30)
+        assert ok.error is None, ok.error
+    finally:
+        pb.finalize()
