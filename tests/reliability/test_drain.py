@@ -6,7 +6,8 @@ One server for the whole story: a request streaming when the signal comes gets i
 one sent after it is refused with one line (over gRPC and through the OpenAI endpoint, whose
 ``/health`` turns 503 with the status endpoint's ``/ready``); one that cannot finish within ``--grace-period``
 ends with a one-line error and is counted; the command exits 0 within the grace period. A second
-signal stops at once (its own server).
+signal stops at once, and a stream through the OpenAI endpoint cut at the grace period ends with its error
+event (their own servers).
 """
 
 from __future__ import annotations
@@ -162,3 +163,28 @@ def test_a_second_sigterm_stops_at_once(repo, tmp_path):
     assert stopped_s < 15, stderr  # not the 30 s grace period (tritonserver's own exit takes a few seconds)
     assert "SIGTERM received again: stopping at once" in stderr, stderr
     assert isinstance(result["r"], ClientError), result["r"]  # the 700-token request did not finish
+
+
+def test_an_openai_stream_cut_at_the_grace_period_ends_with_an_error_event_then_done(repo, tmp_path):
+    """docs/serving.md: an error after text was streamed arrives as a last ``data: {"error": ...}`` event
+    before ``data: [DONE]`` (the status line went out with the first text)."""
+    try:
+        find_tritonserver()
+    except ServerError as e:
+        pytest.skip(str(e))
+    with serve_process(repo, tmp_path / "server.log", "--grace-period", "1") as (proc, info):
+        body = json.dumps({"model": "spec_decode", "prompt": LONG_PROMPT, "max_tokens": 700, "stream": True,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"{info['endpoints']['openai']}/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as stream:
+            assert stream.status == 200
+            events = [stream.readline().decode().strip()]  # the first text: the request is in flight
+            proc.send_signal(signal.SIGTERM)
+            events += [line.decode().strip() for line in stream]
+        assert proc.wait(timeout=60) == 0
+    data = [e.removeprefix("data: ") for e in events if e.startswith("data: ")]
+    assert data[-1] == "[DONE]" and len(data) >= 3, events
+    error = json.loads(data[-2])["error"]
+    assert "grace period of 1s over" in error["message"] and "\n" not in error["message"], error
+    assert all("choices" in json.loads(d) for d in data[:-2])  # text chunks up to the error
