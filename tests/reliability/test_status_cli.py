@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from trtspec.cli.status import status
 from trtspec.serving.drain import start_drain
 from trtspec.serving.launcher import free_port
-from trtspec.serving.status import StatusServer
+from trtspec.serving.status import StatusServer, format_status
 
 
 def _app() -> typer.Typer:
@@ -94,6 +94,13 @@ def test_a_draining_server_is_not_ready_at_once_and_its_models_are_not_asked(tmp
         body = json.loads(refused.value.read())
         assert body["ready"] is False and body["draining"]["grace_period_s"] == 30.0
         assert asked == []
+        # /status still gives the whole picture, and `trtspec status` prints that the server drains
+        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=30) as r:
+            status = json.loads(r.read())
+        assert status["ready"] is False and status["draining"]["grace_period_s"] == 30.0
+        lines = format_status(status)
+        assert lines[0].split() == ["ready", "NO"]
+        assert "draining     yes: new requests refused, grace period 30.0s" in lines
     finally:
         server.stop()
         triton.close()
@@ -108,7 +115,6 @@ def test_status_without_a_status_endpoint_is_one_error_line():
 
 
 def test_the_goodput_line_says_what_k_the_controller_would_draft_and_why():
-    from trtspec.serving.status import format_status
 
     young = {"acceptance_per_position": [0.7, 0.7], "draft_cost_ratio": None, "k_best_now": 2,
              "breakeven_acceptance": 0.41, "young": True}
@@ -125,7 +131,6 @@ def test_the_goodput_line_says_what_k_the_controller_would_draft_and_why():
 
 def test_the_draft_line_says_its_deadline_what_it_is_made_of_and_how_many_calls_missed_it():
     from trtspec.serving.deadline import AdaptiveDeadline, Work
-    from trtspec.serving.status import format_status
 
     d = AdaptiveDeadline(floor_s=0.01, max_s=2.0, multiplier=4.0, min_samples=4)
 
