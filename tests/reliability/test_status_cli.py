@@ -115,7 +115,6 @@ def test_status_without_a_status_endpoint_is_one_error_line():
 
 
 def test_the_goodput_line_says_what_k_the_controller_would_draft_and_why():
-
     young = {"acceptance_per_position": [0.7, 0.7], "draft_cost_ratio": None, "k_best_now": 2,
              "breakeven_acceptance": 0.41, "young": True}
     line = next(x for x in format_status({"goodput": young}) if x.startswith("goodput"))
