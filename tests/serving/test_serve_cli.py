@@ -109,7 +109,8 @@ def test_serve_exits_non_zero_when_tritonserver_dies_under_it(target_only_repo, 
         find_tritonserver()
     except ServerError as e:
         pytest.skip(str(e))
-    with serve_process(target_only_repo, tmp_path / "server.log") as (proc, info):
+    with serve_process(target_only_repo, tmp_path / "server.log", "--status-port", "-1") as (proc, info):
+        assert "status" not in info["endpoints"]  # -1: no status endpoint (the last --status-port given wins)
         os.kill(info["pid"], signal.SIGKILL)
         assert proc.wait(timeout=60) == 1
         err = proc.stderr.read()
