@@ -247,8 +247,8 @@ def check_ports_free(host: str, ports: Mapping[str, int]) -> None:
         if port in seen:
             raise ServerError(f"{seen[port]} and {option} are both {port}")
         seen[port] = option
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for option, port in asked.items():
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to servers
             try:
@@ -400,19 +400,13 @@ class TritonServer:
 
     def _service_failure(self, since: int) -> str | None:
         """The first "failed to start <service>: <why>" in the log from ``since`` on, None if none."""
-        assert self.log_file is not None
-        with Path(self.log_file).open("rb") as f:
-            f.seek(since)
-            found = re.search(r"failed to start [^\"\n]*", f.read().decode("utf-8", "replace"))
+        found = re.search(r"failed to start [^\"\n]*", self._log_text(since))
         return found.group(0).strip() if found else None
 
     def _port_clash(self, since: int) -> bool:
-        """Whether the log from ``since`` on says a port was taken: gRPC's "Address already in use",
-        or the HTTP and metrics services' "Socket '127.0.0.1:8000' already in use"."""
-        assert self.log_file is not None
-        with Path(self.log_file).open("rb") as f:
-            f.seek(since)
-            return b"already in use" in f.read().lower()
+        """Whether the start from ``since`` failed on a port taken (Triton: "failed to start GRPC service:
+        Unavailable - Socket '127.0.0.1:8001' already in use", and the same for HTTP and metrics)."""
+        return "already in use" in (self._service_failure(since) or "")
 
     def _command(self, install: TritonInstall, repo: Path, backend_dir: Path | None, ep: Endpoints) -> list[str]:
         cmd = [
@@ -475,11 +469,13 @@ class TritonServer:
         tail = self.log_tail(lines)
         return f"{where}; last lines:\n{tail}" if tail else where
 
-    def _log_text(self) -> str:
-        """The server's log so far ("" when there is none yet)."""
+    def _log_text(self, since: int = 0) -> str:
+        """The server's log so far from byte ``since`` on (a start's lines begin there; "" when there is none yet)."""
         if self.log_file is None or not Path(self.log_file).is_file():
             return ""
-        return Path(self.log_file).read_text(errors="replace")
+        with Path(self.log_file).open("rb") as f:
+            f.seek(since)
+            return f.read().decode("utf-8", "replace")
 
     def load_errors(self) -> list[str]:
         """The first line of every "failed to load" error in the log, e.g.
