@@ -64,6 +64,29 @@ def test_generate_url_without_a_server_is_a_clear_error(tmp_path):
     assert result.exit_code == 1 and result.stderr.startswith(f"error: cannot reach 127.0.0.1:{port}")
 
 
+def test_generate_url_on_the_grpc_port_with_http_is_one_clear_line(triton):
+    grpc = triton.endpoints.grpc
+    result = CliRunner().invoke(_client_app(), ["generate", "--url", grpc, "--http", "-p", "x", "-n", "2"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception  # not a traceback
+    assert result.stderr.startswith(f"error: {grpc} did not answer in HTTP (")
+    assert result.stderr.endswith("); is it Triton's HTTP port?\n") and result.stderr.count("\n") == 1
+
+
+def test_generate_url_on_a_port_that_speaks_http_1_says_why_grpc_failed():
+    """The gRPC stream's own error, not tritonclient's "The stream is no longer in valid state" (the
+    OpenAI endpoint's port, uvicorn: it refuses the HTTP/2 preface before the request is sent)."""
+    from trtspec.serving.openai_api.app import ProxySettings
+    from trtspec.serving.openai_api.server import OpenAIServer
+
+    settings = ProxySettings(triton_grpc="127.0.0.1:1", model="spec_decode", served_name="spec_decode",
+                             max_tokens_limit=16, tokenizer=None)
+    with OpenAIServer(settings.triton_grpc, settings=settings) as web:
+        url = web.url.removeprefix("http://")
+        result = CliRunner().invoke(_client_app(), ["generate", "--url", url, "-p", "x", "-n", "2"])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "http1.x server" in result.stderr and "no longer in valid state" not in result.stderr, result.stderr
+
+
 @pytest.fixture(scope="module")
 def target_only_repo(tmp_path_factory, tiny_target: Path) -> Path:
     """No draft: a lighter server to start and stop (and the target-alone deployment)."""

@@ -15,6 +15,7 @@ Errors the server answers become :class:`ClientError` with its one-line message.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import queue
 import re
@@ -217,7 +218,7 @@ def stream_infer(
                 done = True
                 return responses, False
     except InferenceServerException as e:
-        raise ClientError(one_line(e.message()), code=e.status()) from None
+        raise _stream_cause(events, e) or ClientError(one_line(e.message()), code=e.status()) from None
     finally:
         try:
             client.stop_stream(cancel_requests=not done)
@@ -231,6 +232,23 @@ def _streamed(result: Any, t0: float) -> StreamedResponse:
     final = "triton_final_response" in resp.parameters and resp.parameters["triton_final_response"].bool_param
     outputs = {o.name: result.as_numpy(o.name) for o in resp.outputs}
     return StreamedResponse(outputs, bool(final), time.perf_counter() - t0)
+
+
+def _stream_cause(events: queue.Queue, error: Any, wait_s: float = 1.0) -> ClientError | None:
+    """Why the stream ended, when a call on it said only that it had ("The stream is no longer in valid
+    state, the error detail is reported through provided callback": a port that does not speak gRPC,
+    a server gone): the error its callback queued in ``events``, None if there is none."""
+    if "no longer in valid state" not in error.message():
+        return None
+    deadline = time.monotonic() + wait_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            _, queued = events.get(timeout=left)
+        except queue.Empty:
+            return None
+        if queued is not None:
+            return _stream_error(queued)
+    return None
 
 
 def _stream_error(error: Exception) -> ClientError:
@@ -390,6 +408,9 @@ def generate_http(
         raise _http_error(e) from None
     except urllib.error.URLError as e:
         raise ClientError(f"cannot reach {host}:{port}: {e.reason}", code="UNAVAILABLE") from None
+    except http.client.HTTPException as e:  # something answered, not in HTTP/1.1: a gRPC port?
+        raise ClientError(f"{host}:{port} did not answer in HTTP ({type(e).__name__}); is it Triton's HTTP port?",
+                          code="UNAVAILABLE") from None
     if not stream:
         if events and "error" in events[0]:
             raise ClientError(one_line(str(events[0]["error"])))
