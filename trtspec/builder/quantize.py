@@ -39,6 +39,7 @@ from trtspec.runtime.torch.llama import (
     INT4_GROUP,
     LAYERS,
     SCALE_SUFFIX,
+    STORED_FORMS,
     SUPPORTED_ARCHITECTURES,
     ZERO_SUFFIX,
     check_int4_shape,
@@ -122,7 +123,7 @@ def write_quantized_checkpoint(src: Path, dst: Path, precision: str = "int8") ->
         t = tensors[name]
         if is_side_tensor(tensors, name):
             continue  # written with its matrix below
-        if t.dtype in _STORED or (t.dim() == 2 and t.is_floating_point()):
+        if t.dtype in STORED_FORMS or (t.dim() == 2 and t.is_floating_point()):
             out.update(_quantized(tensors, name, _form(name, precision)))
             quantized += 1
         else:
@@ -135,9 +136,6 @@ def write_quantized_checkpoint(src: Path, dst: Path, precision: str = "int8") ->
     return QuantizedCheckpoint(path=dst, precision=precision, quantized_matrices=quantized, float_tensors=kept_float)
 
 
-_STORED = {torch.int8: "int8", torch.uint8: "int4"}  # a stored matrix's form, by its dtype (llama.stored_float)
-
-
 def _form(name: str, precision: str) -> str:
     """How a matrix is written: int4 only the layers' (the embedding and LM head stay int8, as the runtime runs them)."""
     return "int4" if precision == "int4" and name.startswith(LAYERS) else "int8"
@@ -146,7 +144,7 @@ def _form(name: str, precision: str) -> str:
 def _quantized(tensors: dict[str, torch.Tensor], name: str, form: str) -> dict[str, torch.Tensor]:
     """Matrix ``name`` and its side tensors in ``form``: as stored where it already is, else quantized."""
     t = tensors[name]
-    if _STORED.get(t.dtype) == form:
+    if STORED_FORMS.get(t.dtype) == form:
         sides = (SCALE_SUFFIX, ZERO_SUFFIX) if form == "int4" else (SCALE_SUFFIX,)
         missing = [name + sfx for sfx in sides if name + sfx not in tensors]
         if missing:

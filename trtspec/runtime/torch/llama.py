@@ -199,6 +199,7 @@ def int4_from_codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dt
 # [out, in / INT4_GROUP] in bfloat16, as the runtime holds them. A stored int8 matrix: ``name`` int8
 # [out, in] and ``name_scale`` [out].
 SCALE_SUFFIX, ZERO_SUFFIX = "_scale", "_zero"
+STORED_FORMS = {torch.int8: "int8", torch.uint8: "int4"}  # a stored matrix's form, by its dtype
 
 
 def pack_int4_codes(q: torch.Tensor) -> torch.Tensor:
@@ -234,7 +235,7 @@ def is_side_tensor(tensors: Mapping[str, torch.Tensor], name: str) -> bool:
     """Whether ``name`` is a stored int8 / int4 matrix's scale or zero (read with its matrix)."""
     for sfx in (SCALE_SUFFIX, ZERO_SUFFIX):
         base = tensors.get(name[: -len(sfx)]) if name.endswith(sfx) else None
-        if base is not None and base.dtype in (torch.int8, torch.uint8):
+        if base is not None and base.dtype in STORED_FORMS:
             return True
     return False
 
