@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from trtspec.errors import TrtspecError, one_line
-from trtspec.wire import SPEC_DECODE
+from trtspec.wire import SPEC_DECODE, SPEC_DECODE_INPUTS
 
 OnText = Callable[[str], None]
 
@@ -59,12 +59,13 @@ class GenerateParams:
     priority: str | None = None  # high | normal | low
     apply_chat_template: bool | None = None  # False: the prompt is already rendered
     drafter: str | None = None  # model | ngram | suffix | auto
+    end_id: int | None = None  # the only EOS token; -1: none, the answer runs to max_tokens (None: the tokenizer's)
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
         out: dict[str, Any] = {"max_tokens": int(self.max_tokens)}
         for name in ("temperature", "top_k", "top_p", "seed", "speculation", "priority", "apply_chat_template",
-                     "drafter"):
+                     "drafter", "end_id"):
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
@@ -129,29 +130,19 @@ def generate(
 
 # -- gRPC ------------------------------------------------------------------------------
 
-_GRPC_TYPES = {
-    "text_input": ("BYTES", np.object_),
-    "max_tokens": ("INT32", np.int32),
-    "stream": ("BOOL", np.bool_),
-    "temperature": ("FP32", np.float32),
-    "top_k": ("INT32", np.int32),
-    "top_p": ("FP32", np.float32),
-    "seed": ("UINT64", np.uint64),
-    "stop_words": ("BYTES", np.object_),
-    "speculation": ("BYTES", np.object_),
-    "priority": ("BYTES", np.object_),
-    "apply_chat_template": ("BOOL", np.bool_),
-    "drafter": ("BYTES", np.object_),
-}
+_INPUT_TYPES = {spec.name: spec.data_type for spec in SPEC_DECODE_INPUTS}  # name -> TYPE_INT32, ...
 
 
 def grpc_inputs(values: Mapping[str, Any]) -> list:
     """``tritonclient.grpc.InferInput``s for ``values`` (shape ``[1, n]``: batch of one)."""
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import triton_to_np_dtype
 
     inputs = []
     for name, value in values.items():
-        triton_type, dtype = _GRPC_TYPES[name]
+        config_type = _INPUT_TYPES[name]  # the model config's type; the wire's: TYPE_STRING is BYTES
+        triton_type = "BYTES" if config_type == "TYPE_STRING" else config_type.removeprefix("TYPE_")
+        dtype = triton_to_np_dtype(triton_type)
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if dtype is np.object_:
             items = [v.encode("utf-8") if isinstance(v, str) else v for v in items]
