@@ -130,6 +130,29 @@ def test_stop_string_ends_the_text(client):
     assert r.choices[0].finish_reason == "stop"
 
 
+EOS_PROMPT = "end numbers"  # the tiny target's greedy answer to it emits EOS after 12 tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ignore_eos_runs_the_answer_to_max_tokens(client, stream):
+    """vLLM's ``ignore_eos`` (sent by ``vllm bench serve --ignore-eos``): EOS does not end the answer."""
+    def complete(**extra) -> tuple[str, str | None, int]:
+        args = dict(model="spec_decode", prompt=EOS_PROMPT, max_tokens=30, temperature=0, **extra)
+        if not stream:
+            r = client.completions.create(**args)
+            return r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens
+        chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        return text, finish[-1], chunks[-1].usage.completion_tokens
+
+    text, finish, tokens = complete()
+    assert finish == "stop" and tokens < 30  # the precondition: the answer ends at EOS
+    long_text, long_finish, long_tokens = complete(extra_body={"ignore_eos": True})
+    assert long_finish == "length" and long_tokens == 30
+    assert long_text.startswith(text) and len(long_text) > len(text)  # greedy: the same answer, then more
+
+
 @pytest.mark.parametrize(("kwargs", "status", "says"), [
     (dict(n=2), 400, "n 2"),
     (dict(max_tokens=MAX_TOKENS_LIMIT + 1), 400, "max_tokens must be <= 200"),  # spec_decode's own check
@@ -137,6 +160,8 @@ def test_stop_string_ends_the_text(client):
     (dict(model="gpt-4o"), 404, "'gpt-4o' does not exist"),
     (dict(extra_body={"speculation": "maybe"}), 400, "speculation"),
     (dict(presence_penalty=0.5), 400, "presence_penalty"),
+    (dict(extra_body={"min_tokens": 8}), 400, "min_tokens 8: trtspec never holds back EOS"),
+    (dict(extra_body={"repetition_penalty": 1.2}), 400, "repetition_penalty 1.2"),
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
     args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}

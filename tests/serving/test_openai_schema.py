@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from trtspec.errors import InvalidRequestError
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.serving.client import ClientError, ClientResult, error_code
 from trtspec.serving.openai_api.render import Renderer
 from trtspec.serving.openai_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIError
+from trtspec.serving.request import refusal
+from trtspec.serving.request import refuse_unsupported as refuse_inputs
 from trtspec.serving.service import CLIENT_CANCELLED, SHUTTING_DOWN
 from trtspec.testing.tiny import CHATML
-
 
 
 def chat(**fields) -> ChatCompletionRequest:
@@ -61,6 +64,8 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: chat(logit_bias={"42": 5.0}), "logit_bias"),
     (lambda: chat(top_logprobs=2), "top_logprobs"),
     (lambda: CompletionRequest(model="m", prompt="a", suffix="and then"), "suffix"),
+    (lambda: chat(repetition_penalty=1.3), "repetition_penalty"),  # vLLM's extensions
+    (lambda: chat(min_tokens=16), "min_tokens"),
 ])
 def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
     with pytest.raises(OpenAIError) as info:
@@ -69,7 +74,26 @@ def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
 
 
 def test_neutral_values_of_unsupported_fields_pass():
-    chat(n=1, logprobs=False, presence_penalty=0.0, response_format={"type": "text"}).refuse_unsupported()
+    chat(n=1, logprobs=False, presence_penalty=0.0, response_format={"type": "text"}, repetition_penalty=1.0,
+         min_tokens=1).refuse_unsupported()
+
+
+@pytest.mark.parametrize(("field", "value"), [("presence_penalty", 0.5), ("frequency_penalty", -1.0),
+                                              ("repetition_penalty", 1.3), ("min_tokens", 16)])
+def test_fields_shared_with_tensorrt_llm_are_refused_by_spec_decodes_own_rule(field, value):
+    """One rule for a penalty or min_tokens, whichever interface it came through."""
+    with pytest.raises(OpenAIError) as info:
+        chat(**{field: value}).refuse_unsupported()
+    assert info.value.message.startswith(refusal(field, [value]))
+    with pytest.raises(InvalidRequestError, match=f"^{field} "):
+        refuse_inputs({field: np.array([[value]])}.get)
+
+
+def test_ignore_eos_asks_for_no_end_of_sequence_token():
+    assert chat(ignore_eos=True).params(8, 300, apply_chat_template=False).fields()["end_id"] == -1
+    assert "end_id" not in chat().params(8, 300, apply_chat_template=False).fields()
+    with pytest.raises(OpenAIError, match="ignore_eos true runs every answer to max_tokens"):
+        chat(min_tokens=16).refuse_unsupported()  # the refusal says what to send instead
 
 
 def test_fields_we_do_not_know_are_ignored():

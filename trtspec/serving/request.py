@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -238,13 +238,24 @@ _NOTHING = object()
 
 def refuse_unsupported(get: Lookup) -> None:
     """INVALID_ARG for a TensorRT-LLM input set to something trtspec cannot do, naming the value."""
-    for name, neutral in _NEUTRAL_ONLY.items():
-        bad = next((v for v in _values(get, name) or () if v not in neutral), _NOTHING)
-        if bad is not _NOTHING:
-            shown = _short(bad.decode("utf-8", "replace") if isinstance(bad, bytes) else bad)
-            why = _WHY.get(name, f"trtspec does not support {name}")
-            allowed = f" (only {', '.join(repr(v) for v in neutral if not isinstance(v, bytes))})" if neutral else ""
-            raise InvalidRequestError(f"{name} {shown}: {why}{allowed}")
+    for name in _NEUTRAL_ONLY:
+        why = refusal(name, _values(get, name) or ())
+        if why is not None:
+            raise InvalidRequestError(why)
+
+
+def refusal(name: str, values: Sequence) -> str | None:
+    """Why ``name`` (an input of :data:`_NEUTRAL_ONLY`) holding ``values`` is refused, in one line
+    naming the value; None when every value is a neutral one. The OpenAI endpoint asks it too, for
+    the fields it shares with TensorRT-LLM (penalties, ``min_tokens``)."""
+    neutral = _NEUTRAL_ONLY[name]
+    bad = next((v for v in values if v not in neutral), _NOTHING)
+    if bad is _NOTHING:
+        return None
+    shown = _short(bad.decode("utf-8", "replace") if isinstance(bad, bytes) else bad)
+    why = _WHY.get(name, f"trtspec does not support {name}")
+    allowed = f" (only {', '.join(repr(v) for v in neutral if not isinstance(v, bytes))})" if neutral else ""
+    return f"{name} {shown}: {why}{allowed}"
 
 
 # -- one value of one input ---------------------------------------------------

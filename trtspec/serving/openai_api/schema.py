@@ -6,7 +6,10 @@ neutral one (``n`` > 1, ``logprobs``, penalties, tools, ...) is refused with a
 400 naming it; fields we do not know are ignored, as OpenAI's own server
 ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
-``drafter`` (``model | ngram | suffix | auto``) and ``top_k``.
+``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
+``ignore_eos`` (what ``vllm bench serve --ignore-eos`` and other load generators
+send for answers of ``max_tokens`` tokens), ``repetition_penalty`` and
+``min_tokens``, refused with ``spec_decode``'s own rule where it refuses them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtspec.decoding.types import DrafterKind
 from trtspec.serving.client import GenerateParams
+from trtspec.serving.request import refusal
 from trtspec.wire import Priority, Speculation
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is as many as the server allows
@@ -37,6 +41,10 @@ class OpenAIError(Exception):
         kind = {400: "invalid_request_error", 404: "invalid_request_error", 499: "cancelled",
                 503: "service_unavailable_error"}.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+# fields an OpenAI (or vLLM) request shares with spec_decode's TensorRT-LLM inputs, by name and meaning
+_SHARED_WITH_TENSORRT_LLM = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
 
 
 class StreamOptions(BaseModel):
@@ -65,14 +73,18 @@ class _Request(BaseModel):
     priority: Priority | None = None
     drafter: DrafterKind | None = None
     top_k: int | None = Field(None, ge=0)
+    ignore_eos: bool = False  # vLLM's: EOS does not end the answer (spec_decode's end_id -1)
+    repetition_penalty: float = 1.0  # vLLM's
+    min_tokens: int = 0  # vLLM's
 
     def refuse_unsupported(self) -> None:
         """400 for each field set to something we cannot do (the neutral values pass)."""
         if self.n != 1:
             raise OpenAIError(400, f"n {self.n}: this server returns one choice per request (n = 1)", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise OpenAIError(400, f"{name} {getattr(self, name)}: not supported by this server (0 only)", name)
+        for name in _SHARED_WITH_TENSORRT_LLM:  # spec_decode's rule for its inputs of the same name
+            if (why := refusal(name, [getattr(self, name)])) is not None:
+                hint = "; ignore_eos true runs every answer to max_tokens" if name == "min_tokens" else ""
+                raise OpenAIError(400, why + hint, name)
         if self.logit_bias:
             raise OpenAIError(400, "logit_bias is not supported by this server", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -91,6 +103,7 @@ class _Request(BaseModel):
             priority=self.priority.value if self.priority is not None else None,
             drafter=self.drafter.value if self.drafter is not None else None,
             apply_chat_template=apply_chat_template,
+            end_id=-1 if self.ignore_eos else None,
         )
 
     @property
