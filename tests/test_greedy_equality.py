@@ -24,6 +24,25 @@ def hf_greedy(path, prompt_ids, n):
     return out[0, len(prompt_ids) :].tolist()
 
 
+@pytest.mark.parametrize("k", [0, 3, 5])
+def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_target, k):
+    """EOS held back for the first 20 tokens: transformers' own ``min_new_tokens`` is the reference."""
+    from transformers import AutoModelForCausalLM
+
+    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
+    ids, eos = tok.encode_prompt("end numbers"), tok.eos_token_ids()
+    plain = dec.generate(GenerationRequest(tuple(ids), StopCriteria(30, eos_token_ids=eos)), FixedDraftLength(k))
+    assert plain.token_ids[-1] in eos and len(plain.token_ids) < 20  # the precondition: EOS comes early
+    out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(30, eos_token_ids=eos, min_new_tokens=20)),
+                       FixedDraftLength(k))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    ref = model.generate(torch.tensor([ids]), max_new_tokens=30, min_new_tokens=20, do_sample=False,
+                         eos_token_id=sorted(eos), pad_token_id=0)[0, len(ids):].tolist()
+    assert out.token_ids == ref and len(ref) >= 20 and not eos & set(ref[:20])
+    if k:
+        assert out.stats.drafted_tokens > 0
+
+
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 8])
 def test_tiny_models_match_transformers_greedy(tiny_pair, tiny_target, k):
     tok = tiny_pair.target.tokenizer

@@ -131,6 +131,35 @@ def test_stop_token_ids():
     assert out.token_ids == [1, 2, 3, 4]
 
 
+def _greedy_without(table: torch.Tensor, prompt_last: int, banned: set[int], n: int, min_new: int) -> list[int]:
+    """By hand: greedy over a bigram table, the ``banned`` tokens never chosen among the first ``min_new``."""
+    out, prev = [], prompt_last
+    for i in range(n):
+        row = table[prev].clone()
+        if i < min_new:
+            row[sorted(banned)] = float("-inf")
+        prev = int(row.argmax())
+        out.append(prev)
+        if prev in banned:
+            break
+    return out
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_min_new_tokens_holds_back_eos_and_stop_ids_the_target_choosing_among_the_others(k):
+    target = BigramLM.random(V, seed=5)
+    greedy = target_alone(target, req(prompt=(4,), max_new=40)).token_ids
+    eos, stop_id = greedy[3], greedy[6]  # the target alone would stop at the 4th token
+    r = req(prompt=(4,), max_new=40, eos_token_ids=frozenset({eos}), stop_token_ids=frozenset({stop_id}),
+            min_new_tokens=12)
+    expected = _greedy_without(target.table, 4, {eos, stop_id}, 40, 12)
+    assert len(expected) > 12 and not {eos, stop_id} & set(expected[:12])  # the hand-made answer runs past 12
+    draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(k))
+    assert out.token_ids == expected
+    assert out.finish_reason is (FinishReason.STOP if expected[-1] in (eos, stop_id) else FinishReason.LENGTH)
+
+
 def test_stop_string_cuts_text_and_tokens():
     target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
     dec = SpeculativeDecoder(target, draft, detokenizer=CharDetokenizer())
@@ -292,6 +321,8 @@ def test_auto_goes_on_with_the_free_drafter_when_the_draft_model_fails():
         (GenerationRequest((1,), StopCriteria(5), SamplingParams(temperature=1, top_p=0)), "top_p"),
         (GenerationRequest((1,), StopCriteria(5), SamplingParams(temperature=1, top_k=-1)), "top_k"),
         (GenerationRequest((1,), StopCriteria(5, stop_strings=("",))), "stop strings"),
+        (GenerationRequest((1,), StopCriteria(5, min_new_tokens=6)), "min_tokens must be >= 0 and <= max_tokens (5)"),
+        (GenerationRequest((1,), StopCriteria(5, min_new_tokens=-1)), "min_tokens must be >= 0"),
     ],
 )
 def test_bad_requests_are_rejected_with_a_clear_message(request_, message):
@@ -351,8 +382,10 @@ def _assert_follows_the_target(
     sampling: SamplingParams,
     prompt: tuple[int, ...] = (0,),
     drafter: DrafterKind = DrafterKind.MODEL,
+    stop: StopCriteria = StopCriteria(3),
 ) -> None:
-    """P(t2, t3) = sum_t1 p(t1 | 0) p(t2 | t1) p(t3 | t2) over 5000 seeded requests, and drafts were kept."""
+    """P(t2, t3) = sum_t1 p(t1 | 0) p(t2 | t1) p(t3 | t2) over 5000 seeded requests, and drafts were kept
+    (``table``: the target's logits as ``stop`` leaves them, e.g. a banned token's at -inf)."""
     from trtspec.decoding.acceptance import warp_probs
 
     vocab = table.shape[0]
@@ -363,7 +396,7 @@ def _assert_follows_the_target(
     counts = torch.zeros(vocab * vocab)
     accepted = 0
     for seed in range(n):
-        r = GenerationRequest(prompt, StopCriteria(3), dataclasses.replace(sampling, seed=seed), drafter=drafter)
+        r = GenerationRequest(prompt, stop, dataclasses.replace(sampling, seed=seed), drafter=drafter)
         out = dec.generate(r, FixedDraftLength(2))
         _, t2, t3 = out.token_ids
         counts[t2 * vocab + t3] += 1
@@ -388,6 +421,27 @@ def test_sampled_output_with_a_free_drafter_follows_the_target_distribution(draf
     # every token, followed by the target's likeliest next two: a match whatever t1 is, often right
     prompt = tuple(t for a in range(vocab) for t in (a, best[a], best[best[a]])) + (0,)
     _assert_follows_the_target(dec, target.table, sampling, prompt, drafter)
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_sampled_output_under_min_new_tokens_follows_the_target_without_the_banned_token(exact):
+    """With EOS held back for all three tokens, the target's distribution with EOS's logit at -inf
+    (rejection sampling, and position-keyed token matching in exact mode)."""
+    vocab, eos = 6, 2
+    target = BigramLM.random(vocab, seed=21, sharpness=1.5)
+    draft = BigramLM.random(vocab, seed=22, sharpness=1.5)
+    banned = target.table.clone()
+    banned[:, eos] = float("-inf")
+    stop = StopCriteria(3, eos_token_ids=frozenset({eos}), min_new_tokens=3)
+    _assert_follows_the_target(SpeculativeDecoder(target, draft), banned, SamplingParams(temperature=1.0, exact=exact),
+                               stop=stop)
+
+
+def test_min_new_tokens_is_refused_by_a_target_that_decides_acceptance_in_its_engine():
+    target = _MatchingTarget(BigramLM.random(V, seed=4))
+    r = req(prompt=(2, 7), max_new=30, eos_token_ids=frozenset({5}), min_new_tokens=4)
+    with pytest.raises(InvalidRequestError, match="min_tokens needs the target's logits"):
+        SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
 
 
 def test_sampling_is_deterministic_under_a_seed():

@@ -74,6 +74,9 @@ class StopCriteria:
     eos_token_ids: frozenset[int] = frozenset()
     stop_token_ids: frozenset[int] = frozenset()
     stop_strings: tuple[str, ...] = ()
+    # The first this many tokens are never an EOS or stop token id: the target chooses among the others
+    # (vLLM's min_tokens, TensorRT-LLM's min_length, transformers' min_new_tokens). Stop strings still stop.
+    min_new_tokens: int = 0
 
     def validate(self) -> None:
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool):
@@ -82,6 +85,29 @@ class StopCriteria:
             raise InvalidRequestError(f"max_tokens must be > 0, got {self.max_new_tokens}")
         if any(not s for s in self.stop_strings):
             raise InvalidRequestError("stop strings must be non-empty")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise InvalidRequestError(f"min_tokens must be >= 0 and <= max_tokens ({self.max_new_tokens}), "
+                                      f"got {self.min_new_tokens}")
+
+    def ban(self, emitted: int) -> Ban | None:
+        """What a pass whose first row is output token ``emitted`` may not choose (None: nothing)."""
+        rows = self.min_new_tokens - emitted
+        ids = self.eos_token_ids | self.stop_token_ids
+        return Ban(ids, rows) if rows > 0 and ids else None
+
+
+@dataclass(frozen=True)
+class Ban:
+    """Tokens the first ``rows`` rows of a target pass may not choose (:attr:`StopCriteria.min_new_tokens`)."""
+
+    ids: frozenset[int]
+    rows: int
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` [n, vocab] with the banned ids at -inf in the first ``rows`` rows (a copy)."""
+        out = logits.clone()
+        out[: self.rows, sorted(i for i in self.ids if i < logits.shape[-1])] = float("-inf")
+        return out
 
 
 class DrafterKind(str, enum.Enum):

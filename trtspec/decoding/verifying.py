@@ -8,6 +8,12 @@ dispatched on what the target session can do, in ONE target pass:
   :class:`~trtspec.decoding.protocols.ArgmaxForward` session without logits);
 - sampling: the target's logits, then rejection sampling against ``q``, or in
   exact mode token matching against position-keyed draws (``match_draws``).
+
+A :class:`~trtspec.decoding.types.Ban` (``min_tokens``: no EOS yet) sets the
+banned tokens' logits to -inf in its rows before anything is chosen, so the
+target's choice there is its choice among the others, drafts or none. A greedy
+pass with a ban reads the logits (not ``forward_argmax``); on a float32 target
+with an ``ArgmaxHead`` the two can break a near tie differently (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import torch
 
 from trtspec.decoding.acceptance import greedy_accept, match_draws, rejection_sample, warp_probs
 from trtspec.decoding.protocols import DraftVerifier, LMSession, argmax_ids
-from trtspec.decoding.types import Proposal, SamplingParams
+from trtspec.decoding.types import Ban, Proposal, SamplingParams
+from trtspec.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,10 @@ def verify(
     proposal: Proposal,
     sampling: SamplingParams,
     generator: torch.Generator | None,
+    ban: Ban | None = None,
 ) -> Verdict:
-    """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide.
+    """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide (``ban``: what
+    the first rows may not choose).
 
     Afterwards the cache holds ``token_ids`` and the drafts, or (a
     ``DraftVerifier``) only the accepted ones; the caller truncates.
@@ -50,16 +59,22 @@ def verify(
     drafted = list(proposal.tokens)
     k = len(drafted)
     if isinstance(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
+        if ban is not None:
+            raise InvalidRequestError("min_tokens needs the target's logits; this target decides acceptance in "
+                                      "its engine (TensorRT-LLM): send min_tokens 0")
         seed = None if sampling.greedy else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = session.verify(token_ids, drafted, sampling, seed)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
     fresh = list(token_ids) + drafted
     if sampling.greedy:
-        choice = argmax_ids(session, fresh, k + 1)  # [k+1]
+        if ban is None:
+            choice = argmax_ids(session, fresh, k + 1)  # [k+1]
+        else:
+            choice = _logits(session, fresh, k, ban).argmax(dim=-1).tolist()
         n_acc, nxt = greedy_accept(drafted, choice)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]))
     start = session.num_cached + len(token_ids)  # sequence position of the first token drawn
-    p = warp_probs(session.forward(fresh, k + 1), sampling)  # [k+1, vocab]
+    p = warp_probs(_logits(session, fresh, k, ban), sampling)  # [k+1, vocab]
     if sampling.exact:  # position-keyed draws, token matching: the same output with speculation off
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = match_draws(drafted, p, seed, start)
@@ -69,3 +84,8 @@ def verify(
     n_acc, nxt, bonus = rejection_sample(x, q, p, generator)
     return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
 
+
+def _logits(session: LMSession, fresh: list[int], k: int, ban: Ban | None) -> torch.Tensor:
+    """The target's logits at the ``k + 1`` positions, with ``ban`` applied."""
+    logits = session.forward(fresh, k + 1)  # [k+1, vocab]
+    return logits if ban is None else ban.apply(logits)
