@@ -93,7 +93,7 @@ SPEC_DECODE_INPUTS = (
     TensorSpec("presence_penalty", "TYPE_FP32", (1,), True, "0 only"),
     TensorSpec("frequency_penalty", "TYPE_FP32", (1,), True, "0 only"),
     TensorSpec("min_length", "TYPE_INT32", (1,), True, "TensorRT-LLM's older name of min_tokens"),
-    TensorSpec("min_tokens", "TYPE_INT32", (1,), True, "at most 1 (EOS is never held back)"),
+    TensorSpec("min_tokens", "TYPE_INT32", (1,), True, "no EOS among the first this many tokens (0..max_tokens)"),
     TensorSpec("beam_width", "TYPE_INT32", (1,), True, "1 only"),
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), True, "1 only"),
     TensorSpec("return_log_probs", "TYPE_BOOL", (1,), True, "false only"),

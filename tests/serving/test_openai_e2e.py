@@ -134,8 +134,9 @@ EOS_PROMPT = "end numbers"  # the tiny target's greedy answer to it emits EOS af
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_ignore_eos_runs_the_answer_to_max_tokens(client, stream):
-    """vLLM's ``ignore_eos`` (sent by ``vllm bench serve --ignore-eos``): EOS does not end the answer."""
+def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
+    """vLLM's ``ignore_eos`` (sent by ``vllm bench serve --ignore-eos``): EOS does not end the answer;
+    ``min_tokens``: no EOS among the first tokens."""
     def complete(**extra) -> tuple[str, str | None, int]:
         args = dict(model="spec_decode", prompt=EOS_PROMPT, max_tokens=30, temperature=0, **extra)
         if not stream:
@@ -151,6 +152,10 @@ def test_ignore_eos_runs_the_answer_to_max_tokens(client, stream):
     long_text, long_finish, long_tokens = complete(extra_body={"ignore_eos": True})
     assert long_finish == "length" and long_tokens == 30
     assert long_text.startswith(text) and len(long_text) > len(text)  # greedy: the same answer, then more
+    held_text, held_finish, held_tokens = complete(extra_body={"min_tokens": 20})  # vLLM's: no EOS before 20
+    assert held_tokens >= 20 and held_text.startswith(text) and len(held_text) > len(text)
+    off = complete(extra_body={"min_tokens": 20, "speculation": "off"})
+    assert off == (held_text, held_finish, held_tokens)  # speculation on and off: the same answer
 
 
 @pytest.mark.parametrize(("kwargs", "status", "says"), [
@@ -160,7 +165,7 @@ def test_ignore_eos_runs_the_answer_to_max_tokens(client, stream):
     (dict(model="gpt-4o"), 404, "'gpt-4o' does not exist"),
     (dict(extra_body={"speculation": "maybe"}), 400, "speculation"),
     (dict(presence_penalty=0.5), 400, "presence_penalty"),
-    (dict(extra_body={"min_tokens": 8}), 400, "min_tokens 8: trtspec never holds back EOS"),
+    (dict(extra_body={"min_tokens": 8}), 400, "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(extra_body={"repetition_penalty": 1.2}), 400, "repetition_penalty 1.2"),
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):

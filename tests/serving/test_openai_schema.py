@@ -64,8 +64,7 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: chat(logit_bias={"42": 5.0}), "logit_bias"),
     (lambda: chat(top_logprobs=2), "top_logprobs"),
     (lambda: CompletionRequest(model="m", prompt="a", suffix="and then"), "suffix"),
-    (lambda: chat(repetition_penalty=1.3), "repetition_penalty"),  # vLLM's extensions
-    (lambda: chat(min_tokens=16), "min_tokens"),
+    (lambda: chat(repetition_penalty=1.3), "repetition_penalty"),  # vLLM's extension
 ])
 def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
     with pytest.raises(OpenAIError) as info:
@@ -79,9 +78,9 @@ def test_neutral_values_of_unsupported_fields_pass():
 
 
 @pytest.mark.parametrize(("field", "value"), [("presence_penalty", 0.5), ("frequency_penalty", -1.0),
-                                              ("repetition_penalty", 1.3), ("min_tokens", 16)])
+                                              ("repetition_penalty", 1.3)])
 def test_fields_shared_with_tensorrt_llm_are_refused_by_spec_decodes_own_rule(field, value):
-    """One rule for a penalty or min_tokens, whichever interface it came through."""
+    """One rule for a penalty, whichever interface it came through."""
     with pytest.raises(OpenAIError) as info:
         chat(**{field: value}).refuse_unsupported()
     assert info.value.message.startswith(refusal(field, [value]))
@@ -89,11 +88,12 @@ def test_fields_shared_with_tensorrt_llm_are_refused_by_spec_decodes_own_rule(fi
         refuse_inputs({field: np.array([[value]])}.get)
 
 
-def test_ignore_eos_asks_for_no_end_of_sequence_token():
-    assert chat(ignore_eos=True).params(8, 300, apply_chat_template=False).fields()["end_id"] == -1
-    assert "end_id" not in chat().params(8, 300, apply_chat_template=False).fields()
-    with pytest.raises(OpenAIError, match="ignore_eos true runs every answer to max_tokens"):
-        chat(min_tokens=16).refuse_unsupported()  # the refusal says what to send instead
+def test_vllms_ignore_eos_and_min_tokens_become_spec_decodes_end_id_and_min_tokens():
+    fields = chat(ignore_eos=True, min_tokens=16).params(32, 300, apply_chat_template=False).fields()
+    assert fields["end_id"] == -1 and fields["min_tokens"] == 16
+    assert not {"end_id", "min_tokens"} & set(chat(min_tokens=0).params(8, 300, apply_chat_template=False).fields())
+    with pytest.raises(ValidationError, match="min_tokens"):
+        chat(min_tokens=-1)
 
 
 def test_fields_we_do_not_know_are_ignored():

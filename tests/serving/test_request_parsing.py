@@ -143,6 +143,9 @@ def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():
     (dict(num_draft_tokens=-1), "num_draft_tokens must be >= 0, got -1"),
     (dict(num_draft_tokens=0, speculation="on"), "num_draft_tokens 0 contradicts speculation 'on'"),
     (dict(end_id=-2), "end_id must be a token id, or -1 for none; got -2"),
+    (dict(min_tokens=2), "min_tokens must be >= 0 and <= max_tokens (1), got 2"),
+    (dict(min_length=-1), "min_length must be >= 0 and <= max_tokens (1), got -1"),
+    (dict(min_tokens=1, min_length=0), "min_tokens 1 and min_length 0 differ; send one of them"),
 ])
 def test_tensorrt_llm_inputs_we_cannot_honour_are_refused_naming_the_value(values, message):
     with pytest.raises(InvalidRequestError) as info:
@@ -155,7 +158,15 @@ def test_tensorrt_llm_inputs_at_their_neutral_values_pass_and_the_honoured_ones_
               min_tokens=1, return_log_probs=False, length_penalty=0.7, pad_id=2, use_draft_logits=True,
               return_perf_metrics=True, embedding_bias_words=[""], exclude_input_in_output=False,
               num_draft_tokens=3, end_id=-1)
-    assert r.echo_prompt and r.max_draft_tokens == 3 and r.end_id == -1
+    assert r.echo_prompt and r.max_draft_tokens == 3 and r.end_id == -1 and r.min_tokens == 1
+
+
+@pytest.mark.parametrize("name", ["min_tokens", "min_length"])
+def test_min_tokens_or_tensorrt_llms_older_min_length_holds_back_eos(name):
+    """genai-perf sends min_length = max_tokens for outputs of a fixed length (--output-tokens-mean-deterministic)."""
+    assert parse(text_input="x", max_tokens=64, **{name: np.array([[64]], dtype=np.int32)}).min_tokens == 64
+    assert parse(text_input="x", max_tokens=64, min_tokens=8, min_length=8).min_tokens == 8
+    assert parse(text_input="x", max_tokens=64).min_tokens == 0
     assert parse(text_input="x", max_tokens=1, num_draft_tokens=0).speculation is Speculation.OFF
     streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
     assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens

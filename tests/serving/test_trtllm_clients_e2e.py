@@ -24,7 +24,7 @@ def prepare_inputs(**values) -> list:
     dtypes = {"text_input": object, "max_tokens": np.int32, "stream": bool, "beam_width": np.int32,
               "temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "end_id": np.int32,
               "pad_id": np.int32, "length_penalty": np.float32, "repetition_penalty": np.float32,
-              "presence_penalty": np.float32, "frequency_penalty": np.float32, "min_tokens": np.int32,
+              "presence_penalty": np.float32, "frequency_penalty": np.float32, "min_tokens": np.int32, "min_length": np.int32,
               "seed": np.uint64, "random_seed": np.uint64, "return_log_probs": bool, "return_context_logits": bool,
               "return_generation_logits": bool, "return_perf_metrics": bool, "return_num_input_tokens": bool,
               "return_num_output_tokens": bool, "num_draft_tokens": np.int32, "use_draft_logits": bool,
@@ -97,6 +97,21 @@ def test_end_id_is_the_end_of_sequence_token(triton, reference):
     assert scalar(final, "finish_reason").decode() == "stop"
 
 
+def test_min_length_as_genai_perf_sends_it_gives_answers_of_max_tokens(triton, reference):
+    """genai-perf's TensorRT-LLM requests with --output-tokens-mean-deterministic: min_length = max_tokens."""
+    eos_prompt = "end numbers"  # the tiny target's greedy answer to it ends with EOS after 12 tokens
+    ref = reference(eos_prompt, 30).token_ids
+    assert len(ref) < 30 and reference(eos_prompt, 30).finish_reason.value == "stop"  # the precondition
+    text, final, _ = send(triton, text_input=eos_prompt, max_tokens=30, min_length=30, stream=False)
+    ids = final["output_ids"].reshape(-1).tolist()
+    assert len(ids) == scalar(final, "num_output_tokens") == 30 and scalar(final, "total_draft_tokens") > 0
+    assert ids[: len(ref) - 1] == ref[:-1] and ids[len(ref) - 1] != ref[-1]  # the same answer, another token for EOS
+    streamed, streamed_final, _ = send(triton, text_input=eos_prompt, max_tokens=30, min_length=30, stream=True)
+    assert streamed == text and scalar(streamed_final, "num_output_tokens") == 30
+    _, off, _ = send(triton, text_input=eos_prompt, max_tokens=30, min_length=30, stream=False, num_draft_tokens=0)
+    assert off["output_ids"].reshape(-1).tolist() == ids and scalar(off, "total_draft_tokens") == 0  # speculation off
+
+
 def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
     text, final, _ = send(triton, text_input=PROMPT, max_tokens=16, stream=False, num_draft_tokens=0)
     assert scalar(final, "total_draft_tokens") == 0 and text == reference(PROMPT, 16).text
@@ -107,7 +122,7 @@ def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
     (dict(num_return_sequences=3), "num_return_sequences 3: trtspec returns one sequence per request"),
     (dict(return_log_probs=True), "return_log_probs True:"),
     (dict(repetition_penalty=1.5), "repetition_penalty 1.5:"),
-    (dict(min_tokens=8), "min_tokens 8: trtspec never holds back EOS"),
+    (dict(min_tokens=8), "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(lora_task_id=7), "lora_task_id 7: trtspec serves no LoRA adapters"),
     (dict(image_url_input="http://x/cat.png"), "image_url_input 'http://x/cat.png': trtspec serves text-only models"),
 ])

@@ -28,6 +28,7 @@ def remote_generate(
     top_k: int = 0,
     seed: int | None = None,
     stop: Sequence[str] | None = None,
+    min_tokens: int = 0,
     json_out: bool = False,
     timeout_s: float = 600.0,
 ) -> None:
@@ -47,6 +48,7 @@ def remote_generate(
         stop_words=tuple(stop or ()),
         speculation=speculation,
         drafter=drafter,
+        min_tokens=min_tokens or None,
     )
 
     def show(text: str) -> None:

@@ -28,6 +28,7 @@ def generate(
     top_k: Annotated[int, typer.Option("--top-k", help="0 disables top-k.")] = 0,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    min_tokens: Annotated[int, typer.Option("--min-tokens", help="No EOS among the first N tokens: the target chooses among the others (vLLM's min_tokens, TensorRT-LLM's min_length).")] = 0,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8|int4")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights; with --demo, auto is int4 where it runs well, else the INT8 copy)")] = "auto",
@@ -51,7 +52,8 @@ def generate(
         remote_generate(url=url, prompt=prompt, http=http, max_tokens=max_tokens,
                         speculation=Speculation.OFF if k == 0 else speculation,
                         drafter=drafter.value if drafter is not None else None,
-                        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop, json_out=json_out)
+                        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
+                        min_tokens=min_tokens, json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
@@ -85,6 +87,7 @@ def generate(
                 max_new_tokens=max_tokens,
                 eos_token_ids=tok.eos_token_ids(),
                 stop_strings=tuple(stop or ()),
+                min_new_tokens=min_tokens,
             ),
             sampling=SamplingParams(
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, exact=pair.target.exact

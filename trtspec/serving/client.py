@@ -60,12 +60,13 @@ class GenerateParams:
     apply_chat_template: bool | None = None  # False: the prompt is already rendered
     drafter: str | None = None  # model | ngram | suffix | auto
     end_id: int | None = None  # the only EOS token; -1: none, the answer runs to max_tokens (None: the tokenizer's)
+    min_tokens: int | None = None  # no EOS among the first this many tokens
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
         out: dict[str, Any] = {"max_tokens": int(self.max_tokens)}
         for name in ("temperature", "top_k", "top_p", "seed", "speculation", "priority", "apply_chat_template",
-                     "drafter", "end_id"):
+                     "drafter", "end_id", "min_tokens"):
             v = getattr(self, name)
             if v is not None:
                 out[name] = v

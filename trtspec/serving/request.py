@@ -57,6 +57,7 @@ class ServeRequest:
     end_id: int | None = None  # TensorRT-LLM's end_id: the only EOS token; -1: none (None: the tokenizer's)
     echo_prompt: bool = False  # the whole answer starts with ``text`` (exclude_input_in_output false)
     max_draft_tokens: int | None = None  # TensorRT-LLM's num_draft_tokens: at most this many per step
+    min_tokens: int = 0  # TensorRT-LLM's min_length / min_tokens: no EOS among the first this many tokens
     request_id: str = ""
     drafter: DrafterKind | None = None  # None: the model's default_drafter
 
@@ -85,6 +86,7 @@ def parse_request(
     if end_id is not None and end_id < -1:
         raise InvalidRequestError(f"end_id must be a token id, or -1 for none; got {_short(end_id)}")
     drafter = _choice(get, "drafter", DrafterKind, None)  # None: the model's default_drafter
+    min_tokens = _min_tokens(get, max_tokens)
     return ServeRequest(
         text=text,
         max_tokens=max_tokens,
@@ -97,6 +99,7 @@ def parse_request(
         end_id=end_id,
         echo_prompt=_bool(get, "exclude_input_in_output") is False and not stream,
         max_draft_tokens=max_draft or None,
+        min_tokens=min_tokens,
         request_id=request_id,
         drafter=drafter,
     )
@@ -171,6 +174,18 @@ def _stop_words(get: Lookup) -> tuple[str, ...]:
     return stop_words
 
 
+def _min_tokens(get: Lookup, max_tokens: int) -> int:
+    """``min_tokens``, or TensorRT-LLM's older name ``min_length`` (both given: the same value)."""
+    given = {name: v for name in ("min_tokens", "min_length") if (v := _int(get, name)) is not None}
+    if len(set(given.values())) > 1:
+        raise InvalidRequestError(f"min_tokens {given['min_tokens']} and min_length {given['min_length']} differ; "
+                                  "send one of them")
+    name, value = next(iter(given.items()), ("min_tokens", 0))
+    if not 0 <= value <= max_tokens:
+        raise InvalidRequestError(f"{name} must be >= 0 and <= max_tokens ({max_tokens}), got {_short(value)}")
+    return value
+
+
 def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, int | None]:
     """``num_draft_tokens``: the most tokens a draft may hold (0: TensorRT-LLM's no speculation)."""
     max_draft = _int(get, "num_draft_tokens")
@@ -191,8 +206,6 @@ _NEUTRAL_ONLY: dict[str, tuple] = {
     "repetition_penalty": (1.0,),
     "presence_penalty": (0.0,),
     "frequency_penalty": (0.0,),
-    "min_length": (0, 1),
-    "min_tokens": (0, 1),
     "return_log_probs": (False,),
     "return_context_logits": (False,),
     "return_generation_logits": (False,),
@@ -216,8 +229,6 @@ _NEUTRAL_ONLY: dict[str, tuple] = {
 _WHY = {
     "beam_width": "trtspec decodes one beam",
     "num_return_sequences": "trtspec returns one sequence per request",
-    "min_length": "trtspec never holds back EOS",
-    "min_tokens": "trtspec never holds back EOS",
     "decoder_text_input": "trtspec serves decoder-only models",
     "image_url_input": "trtspec serves text-only models",
     "image_input": "trtspec serves text-only models",

@@ -340,7 +340,8 @@ class RequestService:
             eos = frozenset() if sreq.end_id == -1 else frozenset({sreq.end_id})
         return GenerationRequest(
             prompt_ids=tuple(prompt),
-            stop=StopCriteria(max_new_tokens=sreq.max_tokens, eos_token_ids=eos, stop_strings=sreq.stop_words),
+            stop=StopCriteria(max_new_tokens=sreq.max_tokens, eos_token_ids=eos, stop_strings=sreq.stop_words,
+                              min_new_tokens=sreq.min_tokens),
             sampling=sreq.sampling,
             request_id=sreq.request_id,
             drafter=drafter,

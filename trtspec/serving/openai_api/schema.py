@@ -8,8 +8,9 @@ ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
 ``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
 ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` and other load generators
-send for answers of ``max_tokens`` tokens), ``repetition_penalty`` and
-``min_tokens``, refused with ``spec_decode``'s own rule where it refuses them.
+send for answers of ``max_tokens`` tokens) and ``min_tokens`` (no EOS among the
+first tokens), both honoured, and ``repetition_penalty``, refused by
+``spec_decode``'s own rule as the penalties are.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class OpenAIError(Exception):
 
 
 # fields an OpenAI (or vLLM) request shares with spec_decode's TensorRT-LLM inputs, by name and meaning
-_SHARED_WITH_TENSORRT_LLM = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+_SHARED_WITH_TENSORRT_LLM = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 class StreamOptions(BaseModel):
@@ -75,7 +76,7 @@ class _Request(BaseModel):
     top_k: int | None = Field(None, ge=0)
     ignore_eos: bool = False  # vLLM's: EOS does not end the answer (spec_decode's end_id -1)
     repetition_penalty: float = 1.0  # vLLM's
-    min_tokens: int = 0  # vLLM's
+    min_tokens: int = Field(0, ge=0)  # vLLM's: no EOS among the first this many tokens (spec_decode's min_tokens)
 
     def refuse_unsupported(self) -> None:
         """400 for each field set to something we cannot do (the neutral values pass)."""
@@ -83,8 +84,7 @@ class _Request(BaseModel):
             raise OpenAIError(400, f"n {self.n}: this server returns one choice per request (n = 1)", "n")
         for name in _SHARED_WITH_TENSORRT_LLM:  # spec_decode's rule for its inputs of the same name
             if (why := refusal(name, [getattr(self, name)])) is not None:
-                hint = "; ignore_eos true runs every answer to max_tokens" if name == "min_tokens" else ""
-                raise OpenAIError(400, why + hint, name)
+                raise OpenAIError(400, why, name)
         if self.logit_bias:
             raise OpenAIError(400, "logit_bias is not supported by this server", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -104,6 +104,7 @@ class _Request(BaseModel):
             drafter=self.drafter.value if self.drafter is not None else None,
             apply_chat_template=apply_chat_template,
             end_id=-1 if self.ignore_eos else None,
+            min_tokens=self.min_tokens or None,
         )
 
     @property
