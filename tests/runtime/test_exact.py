@@ -90,6 +90,25 @@ def test_tiny_pair_sampling_same_seed_same_output(tiny_target, tiny_draft):
     assert accepted / drafted > 0.6  # the draft draws with the target's uniforms (a 1%-noise copy agrees)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_tiny_pair_with_eos_held_back_is_exact(tiny_target, tiny_draft, temperature):
+    """min_tokens in exact mode: the banned rows read the logits, greedy or sampled; still the same bits."""
+    pair = load_pair(tiny_target, tiny_draft, target_precision="bf16", draft_precision="bf16", exact=True)
+    tok, dec = pair.target.tokenizer, pair.decoder()
+    eos = tok.eos_token_ids()
+    changed = 0
+    for i, ids in enumerate([tuple(tok.encode_prompt("one fox numbers"))] + prompts(5, seed=2)):
+        sp = SamplingParams(temperature=temperature, seed=13 + i, exact=True)  # seed 13: EOS 3rd at 0.9
+        plain = dec.generate(GenerationRequest(ids, StopCriteria(30, eos_token_ids=eos), sp), FixedDraftLength(0))
+        req = GenerationRequest(ids, StopCriteria(30, eos_token_ids=eos, min_new_tokens=24), sp)
+        ref = dec.generate(req, FixedDraftLength(0))
+        assert len(ref.token_ids) >= 24 and not eos & set(ref.token_ids[:24])
+        changed += ref.token_ids[: len(plain.token_ids)] != plain.token_ids
+        for name, policy in POLICIES.items():
+            assert dec.generate(req, policy()).token_ids == ref.token_ids, (i, name)
+    assert changed  # holding EOS back changed some answer ("one fox numbers" ends early: greedy and seed 13)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_rollback_with_static_windows_equals_a_fresh_prefill(tiny_target, precision):
     """Bit for bit, across a window bucket boundary (the windows differ, the rows agree)."""
