@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from trtspec.errors import InvalidRequestError
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.serving.client import ClientError, ClientResult, error_code
+from trtspec.serving.openai_api.app import _as_openai_error
 from trtspec.serving.openai_api.render import Renderer
 from trtspec.serving.openai_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIError
 from trtspec.serving.request import refusal
@@ -155,6 +156,19 @@ def test_stream_chunks():
 ])
 def test_error_codes_are_read_from_spec_decodes_messages(message, code):
     assert error_code(ClientError(message)) == code
+
+
+@pytest.mark.parametrize(("message", "status", "kind"), [
+    ("max_tokens must be <= 200 (this server's limit), got 201", 400, "invalid_request_error"),
+    ("Request for unknown model: 'x' is not found", 404, "invalid_request_error"),
+    ("server busy: 72 requests in flight; unavailable, retry later", 503, "service_unavailable_error"),
+    (CLIENT_CANCELLED, 499, "cancelled"),
+    ("internal error: KeyError: 'x'", 500, "server_error"),  # any other error is a 500
+])
+def test_spec_decodes_errors_become_openais_statuses_and_error_types(message, status, kind):
+    error = _as_openai_error(ClientError(message))
+    assert error.status == status and error.body()["error"]["type"] == kind
+    assert error.body()["error"]["message"] == message
 
 
 def test_a_code_the_transport_gave_is_kept():
