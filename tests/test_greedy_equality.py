@@ -43,6 +43,30 @@ def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_targ
         assert out.stats.drafted_tokens > 0
 
 
+@pytest.mark.parametrize("k", [0, 3, 5])
+def test_bad_words_match_transformers_bad_words_ids(tiny_pair, tiny_target, k):
+    """Words the text never contains: transformers' own ``bad_words_ids`` is the reference."""
+    from transformers import AutoModelForCausalLM
+
+    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    def greedy(ids: list[int], **kw) -> list[int]:
+        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, **kw)
+        return out[0, len(ids):].tolist()
+
+    changed = 0
+    for text in TINY_PROMPTS:
+        ids = tok.encode_prompt(text)
+        plain = greedy(ids)
+        words = ((plain[3],), (plain[8], plain[9]))  # a token of the plain answer, and a pair of them
+        out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(24), bad_words=words), FixedDraftLength(k))
+        ref = greedy(ids, bad_words_ids=[list(w) for w in words])
+        assert out.token_ids == ref, text
+        changed += ref != plain
+    assert changed == len(TINY_PROMPTS)
+
+
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 8])
 def test_tiny_models_match_transformers_greedy(tiny_pair, tiny_target, k):
     tok = tiny_pair.target.tokenizer

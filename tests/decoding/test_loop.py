@@ -160,6 +160,33 @@ def test_min_new_tokens_holds_back_eos_and_stop_ids_the_target_choosing_among_th
     assert out.finish_reason is (FinishReason.STOP if expected[-1] in (eos, stop_id) else FinishReason.LENGTH)
 
 
+def _greedy_avoiding(table: torch.Tensor, prompt: tuple[int, ...], words: list[tuple[int, ...]], n: int) -> list[int]:
+    """By hand: greedy over a bigram table, never ending the text with one of ``words``."""
+    text = list(prompt)
+    for _ in range(n):
+        row = table[text[-1]].clone()
+        for w in words:
+            if len(w) == 1 or text[-(len(w) - 1):] == list(w[:-1]):
+                row[w[-1]] = float("-inf")
+        text.append(int(row.argmax()))
+    return text[len(prompt):]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_bad_words_never_end_the_text_the_target_choosing_among_the_others(k):
+    target = BigramLM.random(V, seed=5)
+    prompt = (4, 9)
+    greedy = target_alone(target, req(prompt=prompt, max_new=40)).token_ids
+    # a one-token word, a two-token word from the plain answer, and one whose first token ends the prompt
+    words = [(greedy[2],), (greedy[5], greedy[6]), (9, greedy[0])]
+    expected = _greedy_avoiding(target.table, prompt, words, 40)
+    assert expected[0] != greedy[0] and greedy[2] not in expected  # the words changed the answer
+    assert all(expected[i:i + 2] != [greedy[5], greedy[6]] for i in range(39))
+    draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+    r = dataclasses.replace(req(prompt=prompt, max_new=40), bad_words=tuple(words))
+    assert SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(k)).token_ids == expected
+
+
 def test_stop_string_cuts_text_and_tokens():
     target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
     dec = SpeculativeDecoder(target, draft, detokenizer=CharDetokenizer())
@@ -323,6 +350,7 @@ def test_auto_goes_on_with_the_free_drafter_when_the_draft_model_fails():
         (GenerationRequest((1,), StopCriteria(5, stop_strings=("",))), "stop strings"),
         (GenerationRequest((1,), StopCriteria(5, min_new_tokens=6)), "min_tokens must be >= 0 and <= max_tokens (5)"),
         (GenerationRequest((1,), StopCriteria(5, min_new_tokens=-1)), "min_tokens must be >= 0"),
+        (GenerationRequest((1,), StopCriteria(5), bad_words=((3,), ())), "a bad word must hold at least one token"),
     ],
 )
 def test_bad_requests_are_rejected_with_a_clear_message(request_, message):
@@ -440,7 +468,7 @@ def test_sampled_output_under_min_new_tokens_follows_the_target_without_the_bann
 def test_min_new_tokens_is_refused_by_a_target_that_decides_acceptance_in_its_engine():
     target = _MatchingTarget(BigramLM.random(V, seed=4))
     r = req(prompt=(2, 7), max_new=30, eos_token_ids=frozenset({5}), min_new_tokens=4)
-    with pytest.raises(InvalidRequestError, match="min_tokens needs the target's logits"):
+    with pytest.raises(InvalidRequestError, match="min_tokens and bad_words need the target's logits"):
         SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
 
 

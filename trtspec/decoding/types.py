@@ -89,24 +89,19 @@ class StopCriteria:
             raise InvalidRequestError(f"min_tokens must be >= 0 and <= max_tokens ({self.max_new_tokens}), "
                                       f"got {self.min_new_tokens}")
 
-    def ban(self, emitted: int) -> Ban | None:
-        """What a pass whose first row is output token ``emitted`` may not choose (None: nothing)."""
-        rows = self.min_new_tokens - emitted
-        ids = self.eos_token_ids | self.stop_token_ids
-        return Ban(ids, rows) if rows > 0 and ids else None
-
 
 @dataclass(frozen=True)
 class Ban:
-    """Tokens the first ``rows`` rows of a target pass may not choose (:attr:`StopCriteria.min_new_tokens`)."""
+    """The tokens each row of a target pass may not choose: ``rows[j]`` for row ``j`` (none past the tuple)."""
 
-    ids: frozenset[int]
-    rows: int
+    rows: tuple[frozenset[int], ...]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` [n, vocab] with the banned ids at -inf in the first ``rows`` rows (a copy)."""
+        """``logits`` [n, vocab] with each row's banned ids at -inf (a copy)."""
         out = logits.clone()
-        out[: self.rows, sorted(i for i in self.ids if i < logits.shape[-1])] = float("-inf")
+        for j, ids in enumerate(self.rows[: logits.shape[0]]):
+            if ids:
+                out[j, sorted(i for i in ids if i < logits.shape[-1])] = float("-inf")
         return out
 
 
@@ -133,16 +128,36 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     request_id: str = ""
     drafter: DrafterKind = DrafterKind.MODEL
+    # Token sequences the text never contains (TensorRT-LLM's bad_words): after the rest of one, its last
+    # token is never chosen (a one-token word: never). Prompt included, as transformers' bad_words_ids.
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def validate(self, vocab_size: int | None = None) -> None:
         if len(self.prompt_ids) == 0:
             raise InvalidRequestError("prompt is empty: at least one token is needed")
+        if any(not word for word in self.bad_words):
+            raise InvalidRequestError("a bad word must hold at least one token")
         if vocab_size is not None:
             bad = [t for t in self.prompt_ids if not (0 <= t < vocab_size)]
             if bad:
                 raise InvalidRequestError(f"prompt has token ids outside [0, {vocab_size}): {bad[:5]}")
         self.stop.validate()
         self.sampling.validate()
+
+    def ban(self, context: Sequence[int], emitted: int, drafted: Sequence[int]) -> Ban | None:
+        """What each row of a target pass after ``context`` (the committed tokens, ``emitted`` of them
+        output) and ``drafted`` may not choose: EOS and stop ids while fewer than ``min_new_tokens`` are
+        out, a bad word's last token after the rest of it. None: nothing."""
+        held = self.stop.eos_token_ids | self.stop.stop_token_ids
+        rows = []
+        for j in range(len(drafted) + 1):
+            ids = set(held) if emitted + j < self.stop.min_new_tokens else set()
+            for word in self.bad_words:
+                n = len(word) - 1  # the tokens before the banned one
+                if n == 0 or (list(context[-n:]) + list(drafted[:j]))[-n:] == list(word[:-1]):
+                    ids.add(word[-1])
+            rows.append(frozenset(ids))
+        return Ban(tuple(rows)) if any(rows) else None
 
     @classmethod
     def make_dummy(cls, prompt_len: int = 8, max_new_tokens: int = 8) -> GenerationRequest:

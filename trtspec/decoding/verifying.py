@@ -9,9 +9,9 @@ dispatched on what the target session can do, in ONE target pass:
 - sampling: the target's logits, then rejection sampling against ``q``, or in
   exact mode token matching against position-keyed draws (``match_draws``).
 
-A :class:`~trtspec.decoding.types.Ban` (``min_tokens``: no EOS yet) sets the
-banned tokens' logits to -inf in its rows before anything is chosen, so the
-target's choice there is its choice among the others, drafts or none. A greedy
+A :class:`~trtspec.decoding.types.Ban` (``min_tokens``: no EOS yet; ``bad_words``)
+sets the banned tokens' logits to -inf in its rows before anything is chosen, so
+the target's choice there is its choice among the others, drafts or none. A greedy
 pass with a ban reads the logits (not ``forward_argmax``); on a float32 target
 with an ``ArgmaxHead`` the two can break a near tie differently (docs/runtime.md).
 """
@@ -60,8 +60,8 @@ def verify(
     k = len(drafted)
     if isinstance(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
         if ban is not None:
-            raise InvalidRequestError("min_tokens needs the target's logits; this target decides acceptance in "
-                                      "its engine (TensorRT-LLM): send min_tokens 0")
+            raise InvalidRequestError("min_tokens and bad_words need the target's logits; this target decides "
+                                      "acceptance in its engine (TensorRT-LLM)")
         seed = None if sampling.greedy else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = session.verify(token_ids, drafted, sampling, seed)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
