@@ -73,7 +73,7 @@ SPEC_DECODE_INPUTS = (
                "(default: the policy's exact; greedy output is exact when the target's exact parameter is on; "
                "docs/runtime.md)"),
     TensorSpec("stop_words", "TYPE_STRING", (-1,), True, "stop strings; empty strings are ignored"),
-    TensorSpec("bad_words", "TYPE_STRING", (-1,), True, "TensorRT-LLM compatibility: only empty values accepted"),
+    TensorSpec("bad_words", "TYPE_STRING", (-1,), True, "words the text never contains (each as its tokens)"),
     TensorSpec("priority", "TYPE_STRING", (1,), True, "high | normal (default) | low: routing and admission"),
     TensorSpec("speculation", "TYPE_STRING", (1,), True, "auto (default) | on | off"),
     TensorSpec("drafter", "TYPE_STRING", (1,), True,

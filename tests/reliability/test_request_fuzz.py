@@ -139,7 +139,11 @@ BAD = {
         f"at most {MAX_STOP_WORDS} stop_words, got 5000",
     ),
     "a huge stop word": ({"text_input": "hi", "max_tokens": 5, "stop_words": ["x" * 5000]}, "at most 256 characters"),
-    "bad_words": ({"text_input": "hi", "max_tokens": 5, "bad_words": ["x"]}, "bad_words is not supported"),
+    "thousands of bad words": (
+        {"text_input": "hi", "max_tokens": 5, "bad_words": [f"b{i}" for i in range(5000)]},
+        f"at most {MAX_STOP_WORDS} bad_words, got 5000",
+    ),
+    "a huge bad word": ({"text_input": "hi", "max_tokens": 5, "bad_words": ["x" * 5000]}, "at most 256 characters"),
     "stream as a string": ({"text_input": "hi", "max_tokens": 5, "stream": "yes"}, "must be a boolean"),
     "dict value": ({"text_input": {"a": 1}, "max_tokens": 5}, "must be a string"),
 }

@@ -89,10 +89,12 @@ def test_fields_shared_with_tensorrt_llm_are_refused_by_spec_decodes_own_rule(fi
         refuse_inputs({field: np.array([[value]])}.get)
 
 
-def test_vllms_ignore_eos_and_min_tokens_become_spec_decodes_end_id_and_min_tokens():
-    fields = chat(ignore_eos=True, min_tokens=16).params(32, 300, apply_chat_template=False).fields()
-    assert fields["end_id"] == -1 and fields["min_tokens"] == 16
-    assert not {"end_id", "min_tokens"} & set(chat(min_tokens=0).params(8, 300, apply_chat_template=False).fields())
+def test_vllms_ignore_eos_min_tokens_and_bad_words_become_spec_decodes_inputs():
+    request = chat(ignore_eos=True, min_tokens=16, bad_words=[" no", ""])
+    fields = request.params(32, 300, apply_chat_template=False).fields()
+    assert fields["end_id"] == -1 and fields["min_tokens"] == 16 and fields["bad_words"] == [" no", ""]
+    plain = chat(min_tokens=0, bad_words=[]).params(8, 300, apply_chat_template=False).fields()
+    assert not {"end_id", "min_tokens", "bad_words"} & set(plain)
     with pytest.raises(ValidationError, match="min_tokens"):
         chat(min_tokens=-1)
 

@@ -107,7 +107,7 @@ def test_generate_parameters_are_read_when_no_tensor_carries_the_input():
         (dict(text_input="x", max_tokens=2, priority="urgent"), "priority must be one of high, normal, low; got 'urgent'"),
         (dict(text_input="x", max_tokens=2, priority=2), "input 'priority' must be a string"),
         (dict(text_input="x", max_tokens=2, stream=np.array([[1]], dtype=np.int32)), "input 'stream' must be a boolean"),
-        (dict(text_input="x", max_tokens=2, bad_words=["damn"]), "bad_words is not supported"),
+        (dict(text_input="x", max_tokens=2, bad_words=["w"] * 65), "at most 64 bad_words, got 65"),
     ],
 )
 def test_bad_requests_get_one_line_messages(values, message):
@@ -159,6 +159,14 @@ def test_tensorrt_llm_inputs_at_their_neutral_values_pass_and_the_honoured_ones_
               return_perf_metrics=True, embedding_bias_words=[""], exclude_input_in_output=False,
               num_draft_tokens=3, end_id=-1)
     assert r.echo_prompt and r.max_draft_tokens == 3 and r.end_id == -1 and r.min_tokens == 1
+    assert parse(text_input="x", max_tokens=1, num_draft_tokens=0).speculation is Speculation.OFF
+    streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
+    assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens
+
+
+def test_bad_words_are_read_without_the_empty_ones():
+    assert parse(text_input="x", max_tokens=2, bad_words=["damn", "", " heck"]).bad_words == ("damn", " heck")
+    assert parse(text_input="x", max_tokens=2, bad_words=[""]).bad_words == ()
 
 
 @pytest.mark.parametrize("name", ["min_tokens", "min_length"])
@@ -167,6 +175,3 @@ def test_min_tokens_or_tensorrt_llms_older_min_length_holds_back_eos(name):
     assert parse(text_input="x", max_tokens=64, **{name: np.array([[64]], dtype=np.int32)}).min_tokens == 64
     assert parse(text_input="x", max_tokens=64, min_tokens=8, min_length=8).min_tokens == 8
     assert parse(text_input="x", max_tokens=64).min_tokens == 0
-    assert parse(text_input="x", max_tokens=1, num_draft_tokens=0).speculation is Speculation.OFF
-    streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
-    assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 from trtspec.serving.client import ClientError, stream_infer
 
 PROMPT = "The quick brown fox"
@@ -110,6 +111,21 @@ def test_min_length_as_genai_perf_sends_it_gives_answers_of_max_tokens(triton, r
     assert streamed == text and scalar(streamed_final, "num_output_tokens") == 30
     _, off, _ = send(triton, text_input=eos_prompt, max_tokens=30, min_length=30, stream=False, num_draft_tokens=0)
     assert off["output_ids"].reshape(-1).tolist() == ids and scalar(off, "total_draft_tokens") == 0  # speculation off
+
+
+def test_bad_words_are_never_in_the_answer(triton, reference, target_alone):
+    ref = reference(PROMPT, 24)
+    tok = target_alone.target.tokenizer
+    # a token of the plain answer that is a word of its own (the word encodes to just that token)
+    word = next(w for t in ref.token_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_word(w) == [t])
+    banned = tok.encode_word(word)[0]
+    _, final, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, bad_words=[word, ""])
+    ids = final["output_ids"].reshape(-1).tolist()
+    request = GenerationRequest(tuple(tok.encode_prompt(PROMPT)), StopCriteria(24, eos_token_ids=tok.eos_token_ids()),
+                                bad_words=((banned,),))
+    expected = target_alone.decoder().generate(request, FixedDraftLength(0)).token_ids
+    assert banned not in ids and ids == expected and ids != ref.token_ids
+    assert scalar(final, "total_draft_tokens") > 0
 
 
 def test_num_draft_tokens_zero_is_no_speculation(triton, reference):

@@ -50,6 +50,10 @@ class Tokenizer:
             return [int(t) for t in ids]
         return [int(t) for t in self.hf.encode(text, add_special_tokens=True)]
 
+    def encode_word(self, text: str) -> list[int]:
+        """``text``'s tokens without special tokens, as TensorRT-LLM's preprocessing encodes a bad word."""
+        return [int(t) for t in self.hf.encode(text, add_special_tokens=False)]
+
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """``messages`` (``role``/``content`` dicts) through the chat template, ready for a new assistant turn.
 

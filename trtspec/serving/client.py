@@ -55,6 +55,7 @@ class GenerateParams:
     top_p: float | None = None
     seed: int | None = None
     stop_words: Sequence[str] = ()
+    bad_words: Sequence[str] = ()  # words the text never contains
     speculation: str | None = None  # auto | on | off
     priority: str | None = None  # high | normal | low
     apply_chat_template: bool | None = None  # False: the prompt is already rendered
@@ -70,8 +71,9 @@ class GenerateParams:
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
-        if self.stop_words:
-            out["stop_words"] = list(self.stop_words)
+        for name in ("stop_words", "bad_words"):
+            if getattr(self, name):
+                out[name] = list(getattr(self, name))
         return out
 
 

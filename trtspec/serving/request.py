@@ -9,7 +9,7 @@ of ``tests/reliability`` hold the parser to that).
 
 Limits besides the obvious ones: ``text_input`` non-empty and at most
 ``max_text_bytes`` (checked before tokenizing); at most ``MAX_STOP_WORDS``
-non-empty stop strings of at most ``MAX_STOP_WORD_CHARS`` characters; ``seed``
+non-empty stop words (and as many bad words) of at most ``MAX_STOP_WORD_CHARS`` characters; ``seed``
 below 2**64 and ``top_k`` below 2**31 (the widths the models take). Two
 normalisations keep the float32 sampling arithmetic finite without changing
 what is sampled: a temperature below ``GREEDY_BELOW`` is greedy (vLLM's rule),
@@ -51,6 +51,7 @@ class ServeRequest:
     stream: bool = False
     sampling: SamplingParams = SamplingParams()
     stop_words: tuple[str, ...] = ()
+    bad_words: tuple[str, ...] = ()  # TensorRT-LLM's: words the text never contains (tokenized by the model)
     priority: Priority = Priority.NORMAL
     speculation: Speculation = Speculation.AUTO
     apply_chat_template: bool | None = None  # None: the model's parameter decides
@@ -77,7 +78,8 @@ def parse_request(
     max_tokens = _max_tokens(get, max_tokens_limit)
     stream = _bool(get, "stream")
     sampling = _sampling(get, default_exact)
-    stop_words = _stop_words(get)
+    stop_words = _words(get, "stop_words")
+    bad_words = _words(get, "bad_words")
     priority = _choice(get, "priority", Priority, Priority.NORMAL)
     speculation = _choice(get, "speculation", Speculation, Speculation.AUTO)
     refuse_unsupported(get)
@@ -93,6 +95,7 @@ def parse_request(
         stream=bool(stream),
         sampling=sampling,
         stop_words=stop_words,
+        bad_words=bad_words,
         priority=priority,
         speculation=speculation,
         apply_chat_template=_bool(get, "apply_chat_template"),
@@ -161,17 +164,16 @@ def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
     return sampling
 
 
-def _stop_words(get: Lookup) -> tuple[str, ...]:
-    """``stop_words`` (bounded); ``bad_words`` refused unless empty."""
-    stop_words = tuple(w for w in _texts(get, "stop_words") if w)
-    if len(stop_words) > MAX_STOP_WORDS:
-        raise InvalidRequestError(f"at most {MAX_STOP_WORDS} stop_words, got {len(stop_words)}")
-    long_stop = next((w for w in stop_words if len(w) > MAX_STOP_WORD_CHARS), None)
-    if long_stop is not None:
-        raise InvalidRequestError(f"a stop word may hold at most {MAX_STOP_WORD_CHARS} characters, got {len(long_stop)}")
-    if any(w for w in _texts(get, "bad_words")):
-        raise InvalidRequestError("bad_words is not supported by this server; send it empty or leave it out")
-    return stop_words
+def _words(get: Lookup, name: str) -> tuple[str, ...]:
+    """``stop_words`` or ``bad_words``: the non-empty ones, at most ``MAX_STOP_WORDS`` of at most
+    ``MAX_STOP_WORD_CHARS`` characters."""
+    words = tuple(w for w in _texts(get, name) if w)
+    if len(words) > MAX_STOP_WORDS:
+        raise InvalidRequestError(f"at most {MAX_STOP_WORDS} {name}, got {len(words)}")
+    long = next((w for w in words if len(w) > MAX_STOP_WORD_CHARS), None)
+    if long is not None:
+        raise InvalidRequestError(f"a word of {name} may hold at most {MAX_STOP_WORD_CHARS} characters, got {len(long)}")
+    return words
 
 
 def _min_tokens(get: Lookup, max_tokens: int) -> int:

@@ -154,6 +154,10 @@ class LockedTokenizer:
         with self._lock:
             return self._tok.encode_prompt(text, raw=raw)
 
+    def encode_word(self, text: str) -> list[int]:
+        with self._lock:
+            return self._tok.encode_word(text)
+
     def decode(self, token_ids: Any) -> str:
         with self._lock:
             return self._tok.decode(token_ids)
@@ -345,6 +349,7 @@ class RequestService:
             sampling=sreq.sampling,
             request_id=sreq.request_id,
             drafter=drafter,
+            bad_words=tuple(ids for w in sreq.bad_words if (ids := tuple(self.tokenizer.encode_word(w)))),
         )
 
     def _done_in_flight(self) -> None:

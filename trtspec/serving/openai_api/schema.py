@@ -8,9 +8,9 @@ ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
 ``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
 ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` and other load generators
-send for answers of ``max_tokens`` tokens) and ``min_tokens`` (no EOS among the
-first tokens), both honoured, and ``repetition_penalty``, refused by
-``spec_decode``'s own rule as the penalties are.
+send for answers of ``max_tokens`` tokens), ``min_tokens`` (no EOS among the
+first tokens) and ``bad_words`` (with ``spec_decode``'s meaning), honoured, and
+``repetition_penalty``, refused by ``spec_decode``'s own rule as the penalties are.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class _Request(BaseModel):
     ignore_eos: bool = False  # vLLM's: EOS does not end the answer (spec_decode's end_id -1)
     repetition_penalty: float = 1.0  # vLLM's
     min_tokens: int = Field(0, ge=0)  # vLLM's: no EOS among the first this many tokens (spec_decode's min_tokens)
+    bad_words: list[str] | None = None  # vLLM's: words the text never contains (spec_decode's bad_words)
 
     def refuse_unsupported(self) -> None:
         """400 for each field set to something we cannot do (the neutral values pass)."""
@@ -99,6 +100,7 @@ class _Request(BaseModel):
             top_p=self.top_p,
             seed=self.seed,
             stop_words=stop,
+            bad_words=tuple(self.bad_words or ()),
             speculation=self.speculation.value if self.speculation is not None else None,
             priority=self.priority.value if self.priority is not None else None,
             drafter=self.drafter.value if self.drafter is not None else None,
