@@ -148,6 +148,8 @@ class GenerationRequest:
         """What each row of a target pass after ``context`` (the committed tokens, ``emitted`` of them
         output) and ``drafted`` may not choose: EOS and stop ids while fewer than ``min_new_tokens`` are
         out, a bad word's last token after the rest of it. None: nothing."""
+        if not self.bad_words and emitted >= self.stop.min_new_tokens:
+            return None  # the usual case
         held = self.stop.eos_token_ids | self.stop.stop_token_ids
         rows = []
         for j in range(len(drafted) + 1):
