@@ -102,6 +102,20 @@ def test_completions_streamed_and_not_equal_tritons_generate_untemplated(served,
     assert "".join(pieces) == expected and len(pieces) > 2
 
 
+def test_bad_words_are_spec_decodes_and_change_the_answer(served, client, tiny_target):
+    """vLLM's bad_words, forwarded: the answer is Triton's generate with the same bad_words."""
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    http, tok = served[0].endpoints.http, Tokenizer.from_dir(tiny_target)
+    plain = generate_http(http, PROMPT, GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False))
+    word = next(w for t in plain.output_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_word(w) == [t])
+    params = GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False, bad_words=[word])
+    expected = generate_http(http, PROMPT, params).text
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=20, temperature=0,
+                                  extra_body={"bad_words": [word]})
+    assert r.choices[0].text == expected != plain.text
+
+
 def test_stream_ends_with_done_over_raw_http(served):
     body = json.dumps({"model": "spec_decode", "prompt": PROMPT, "max_tokens": 8, "stream": True}).encode()
     req = urllib.request.Request(f"{served[1].url}/v1/completions", data=body,
