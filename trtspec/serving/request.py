@@ -172,7 +172,8 @@ def _words(get: Lookup, name: str) -> tuple[str, ...]:
         raise InvalidRequestError(f"at most {MAX_STOP_WORDS} {name}, got {len(words)}")
     long = next((w for w in words if len(w) > MAX_STOP_WORD_CHARS), None)
     if long is not None:
-        raise InvalidRequestError(f"a word of {name} may hold at most {MAX_STOP_WORD_CHARS} characters, got {len(long)}")
+        raise InvalidRequestError(f"a word of {name} may hold at most {MAX_STOP_WORD_CHARS} characters, "
+                                  f"got {len(long)}")
     return words
 
 
