@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trtspec.runtime.pair import load_pair
+from trtspec.testing.tiny import EOS_PROMPTS
 from trtspec.decoding import DrafterKind, FixedDraftLength, GenerationRequest, StopCriteria
 
 TINY_PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2", "Triton Inference"]
@@ -30,9 +31,14 @@ def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_targ
     from transformers import AutoModelForCausalLM
 
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    ids, eos = tok.encode_prompt("end numbers"), tok.eos_token_ids()
-    plain = dec.generate(GenerationRequest(tuple(ids), StopCriteria(30, eos_token_ids=eos)), FixedDraftLength(k))
-    assert plain.token_ids[-1] in eos and len(plain.token_ids) < 20  # the precondition: EOS comes early
+    eos = tok.eos_token_ids()
+
+    def ends_early(ids: list[int]) -> bool:
+        plain = dec.generate(GenerationRequest(tuple(ids), StopCriteria(30, eos_token_ids=eos)), FixedDraftLength(k))
+        return plain.token_ids[-1] in eos and len(plain.token_ids) < 20
+
+    ids = next((ids for ids in map(tok.encode_prompt, EOS_PROMPTS) if ends_early(ids)), None)
+    assert ids is not None  # the precondition: an answer that EOS ends early
     out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(30, eos_token_ids=eos, min_new_tokens=20)),
                        FixedDraftLength(k))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()

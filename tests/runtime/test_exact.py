@@ -19,6 +19,7 @@ from trtspec.decoding import FixedDraftLength, GenerationRequest, SamplingParams
 from trtspec.decoding.types import IterationOutcome
 from trtspec.runtime.pair import load_pair
 from trtspec.runtime.torch.loader import load_model
+from trtspec.testing.tiny import EOS_PROMPTS
 
 
 @dataclass
@@ -88,9 +89,6 @@ def test_tiny_pair_sampling_same_seed_same_output(tiny_target, tiny_draft):
     assert len(outputs) == 12  # sampling does sample: different seeds and prompts, different outputs
     print(f"acceptance {accepted / drafted:.3f}")
     assert accepted / drafted > 0.6  # the draft draws with the target's uniforms (a 1%-noise copy agrees)
-
-
-EOS_PROMPTS = ("one fox numbers", "end numbers", "the hello the cat")  # the tiny target ends these early
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

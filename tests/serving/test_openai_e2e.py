@@ -21,7 +21,7 @@ from trtspec.serving.client import GenerateParams, generate_http
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver, free_port
 from trtspec.serving.openai_api.app import ProxySettings
 from trtspec.serving.openai_api.server import OpenAIServer
-from trtspec.testing.tiny import with_chat_template
+from trtspec.testing.tiny import EOS_PROMPTS, with_chat_template
 
 PROMPT = "The quick brown fox"
 MAX_TOKENS_LIMIT = 200
@@ -144,15 +144,12 @@ def test_stop_string_ends_the_text(client):
     assert r.choices[0].finish_reason == "stop"
 
 
-EOS_PROMPT = "end numbers"  # the tiny target's greedy answer to it emits EOS after 12 tokens
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
     """vLLM's ``ignore_eos`` (sent by ``vllm bench serve --ignore-eos``): EOS does not end the answer;
     ``min_tokens``: no EOS among the first tokens."""
-    def complete(**extra) -> tuple[str, str | None, int]:
-        args = dict(model="spec_decode", prompt=EOS_PROMPT, max_tokens=30, temperature=0, **extra)
+    def complete(prompt: str, **extra) -> tuple[str, str | None, int]:
+        args = dict(model="spec_decode", prompt=prompt, max_tokens=30, temperature=0, **extra)
         if not stream:
             r = client.completions.create(**args)
             return r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens
@@ -161,14 +158,16 @@ def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         return text, finish[-1], chunks[-1].usage.completion_tokens
 
-    text, finish, tokens = complete()
-    assert finish == "stop" and tokens < 30  # the precondition: the answer ends at EOS
-    long_text, long_finish, long_tokens = complete(extra_body={"ignore_eos": True})
+    prompt = next((p for p in EOS_PROMPTS if complete(p)[1] == "stop"), None)
+    assert prompt is not None  # the precondition: an answer that EOS ends
+    text, _, tokens = complete(prompt)
+    assert tokens < 20
+    long_text, long_finish, long_tokens = complete(prompt, extra_body={"ignore_eos": True})
     assert long_finish == "length" and long_tokens == 30
     assert long_text.startswith(text) and len(long_text) > len(text)  # greedy: the same answer, then more
-    held_text, held_finish, held_tokens = complete(extra_body={"min_tokens": 20})  # vLLM's: no EOS before 20
+    held_text, held_finish, held_tokens = complete(prompt, extra_body={"min_tokens": 20})  # vLLM's: no EOS before 20
     assert held_tokens >= 20 and held_text.startswith(text) and len(held_text) > len(text)
-    off = complete(extra_body={"min_tokens": 20, "speculation": "off"})
+    off = complete(prompt, extra_body={"min_tokens": 20, "speculation": "off"})
     assert off == (held_text, held_finish, held_tokens)  # speculation on and off: the same answer
 
 

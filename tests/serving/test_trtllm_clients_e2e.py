@@ -13,6 +13,7 @@ import pytest
 
 from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 from trtspec.serving.client import ClientError, stream_infer
+from trtspec.testing.tiny import EOS_PROMPTS
 
 PROMPT = "The quick brown fox"
 
@@ -100,9 +101,9 @@ def test_end_id_is_the_end_of_sequence_token(triton, reference):
 
 def test_min_length_as_genai_perf_sends_it_gives_answers_of_max_tokens(triton, reference):
     """genai-perf's TensorRT-LLM requests with --output-tokens-mean-deterministic: min_length = max_tokens."""
-    eos_prompt = "end numbers"  # the tiny target's greedy answer to it ends with EOS after 12 tokens
+    eos_prompt = next((p for p in EOS_PROMPTS if reference(p, 30).finish_reason.value == "stop"), None)
+    assert eos_prompt is not None  # the precondition: an answer that EOS ends
     ref = reference(eos_prompt, 30).token_ids
-    assert len(ref) < 30 and reference(eos_prompt, 30).finish_reason.value == "stop"  # the precondition
     text, final, _ = send(triton, text_input=eos_prompt, max_tokens=30, min_length=30, stream=False)
     ids = final["output_ids"].reshape(-1).tolist()
     assert len(ids) == scalar(final, "num_output_tokens") == 30 and scalar(final, "total_draft_tokens") > 0
