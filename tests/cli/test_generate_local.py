@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from trtspec.cli.main import app
 from trtspec.runtime.pair import load_pair
 from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.testing.tiny import EOS_PROMPTS
 
 runner = CliRunner()
 
@@ -27,6 +28,28 @@ def test_generate_json_matches_the_target_alone(tiny_target, tiny_draft):
     ref = pair.decoder().generate(GenerationRequest(tuple(ids), StopCriteria(16)), FixedDraftLength(0))
     assert out["token_ids"] == ref.token_ids
     assert out["text"] == ref.text
+
+
+def test_generate_holds_back_eos_ignores_it_and_avoids_bad_words(tiny_target, tiny_draft):
+    def generate(prompt: str, *extra: str) -> dict:
+        args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt", prompt,
+                "--max-tokens", "30", "--k", "3", "--json", *extra]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    prompt = next((p for p in EOS_PROMPTS if generate(p)["finish_reason"] == "stop"), None)
+    assert prompt is not None  # the precondition: an answer that EOS ends
+    plain = generate(prompt)["token_ids"]
+    eos = plain[-1]
+    held = generate(prompt, "--min-tokens", "20")["token_ids"]
+    assert len(held) >= 20 and eos not in held[:20] and held[: len(plain) - 1] == plain[:-1]
+    ignored = generate(prompt, "--ignore-eos")
+    assert ignored["finish_reason"] == "length" and ignored["token_ids"][: len(plain)] == plain
+    tok = load_pair(tiny_target, None).target.tokenizer
+    word, banned = next((w, t) for t in plain[:-1] if (w := tok.decode([t])).strip() and tok.encode_words([w]) == ((t,),))
+    avoided = generate(prompt, "--bad-word", word)["token_ids"]
+    assert banned not in avoided and avoided != plain
 
 
 def test_generate_with_a_free_drafter_needs_no_draft_model(tiny_target):

@@ -108,7 +108,7 @@ def test_bad_words_are_spec_decodes_and_change_the_answer(served, client, tiny_t
 
     http, tok = served[0].endpoints.http, Tokenizer.from_dir(tiny_target)
     plain = generate_http(http, PROMPT, GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False))
-    word = next(w for t in plain.output_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_word(w) == [t])
+    word = next(w for t in plain.output_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_words([w]) == ((t,),))
     params = GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False, bad_words=[word])
     expected = generate_http(http, PROMPT, params).text
     r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=20, temperature=0,

@@ -118,8 +118,8 @@ def test_bad_words_are_never_in_the_answer(triton, reference, target_alone):
     ref = reference(PROMPT, 24)
     tok = target_alone.target.tokenizer
     # a token of the plain answer that is a word of its own (the word encodes to just that token)
-    word = next(w for t in ref.token_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_word(w) == [t])
-    banned = tok.encode_word(word)[0]
+    word = next(w for t in ref.token_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_words([w]) == ((t,),))
+    (banned,), = tok.encode_words([word])
     _, final, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, bad_words=[word, ""])
     ids = final["output_ids"].reshape(-1).tolist()
     request = GenerationRequest(tuple(tok.encode_prompt(PROMPT)), StopCriteria(24, eos_token_ids=tok.eos_token_ids()),

@@ -29,6 +29,8 @@ def remote_generate(
     seed: int | None = None,
     stop: Sequence[str] | None = None,
     min_tokens: int = 0,
+    ignore_eos: bool = False,
+    bad_words: Sequence[str] | None = None,
     json_out: bool = False,
     timeout_s: float = 600.0,
 ) -> None:
@@ -49,6 +51,8 @@ def remote_generate(
         speculation=speculation,
         drafter=drafter,
         min_tokens=min_tokens or None,
+        end_id=-1 if ignore_eos else None,
+        bad_words=tuple(bad_words or ()),
     )
 
     def show(text: str) -> None:

@@ -29,6 +29,8 @@ def generate(
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     min_tokens: Annotated[int, typer.Option("--min-tokens", help="No EOS among the first N tokens: the target chooses among the others (vLLM's min_tokens, TensorRT-LLM's min_length).")] = 0,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="EOS does not end the answer: it runs to --max-tokens (TensorRT-LLM's end_id -1).")] = False,
+    bad_word: Annotated[list[str] | None, typer.Option("--bad-word", help="A word the text never contains, encoded as given (repeatable; TensorRT-LLM's bad_words).")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8|int4")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights; with --demo, auto is int4 where it runs well, else the INT8 copy)")] = "auto",
@@ -53,7 +55,7 @@ def generate(
                         speculation=Speculation.OFF if k == 0 else speculation,
                         drafter=drafter.value if drafter is not None else None,
                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
-                        min_tokens=min_tokens, json_out=json_out)
+                        min_tokens=min_tokens, ignore_eos=ignore_eos, bad_words=bad_word, json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
@@ -85,7 +87,7 @@ def generate(
             prompt_ids=tuple(tok.encode_prompt(prompt, raw=raw)),
             stop=StopCriteria(
                 max_new_tokens=max_tokens,
-                eos_token_ids=tok.eos_token_ids(),
+                eos_token_ids=frozenset() if ignore_eos else tok.eos_token_ids(),
                 stop_strings=tuple(stop or ()),
                 min_new_tokens=min_tokens,
             ),
@@ -93,6 +95,7 @@ def generate(
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, exact=pair.target.exact
             ),
             drafter=drafter,
+            bad_words=tok.encode_words(bad_word or ()),
         )
         gen = pair.decoder().stream(request, FixedDraftLength(k if use_draft else 0))
         for chunk in gen:

@@ -50,9 +50,11 @@ class Tokenizer:
             return [int(t) for t in ids]
         return [int(t) for t in self.hf.encode(text, add_special_tokens=True)]
 
-    def encode_word(self, text: str) -> list[int]:
-        """``text``'s tokens without special tokens, as TensorRT-LLM's preprocessing encodes a bad word."""
-        return [int(t) for t in self.hf.encode(text, add_special_tokens=False)]
+    def encode_words(self, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """Each word's tokens without special tokens, as TensorRT-LLM's preprocessing encodes bad words
+        (a word that encodes to nothing is left out)."""
+        encoded = (tuple(int(t) for t in self.hf.encode(w, add_special_tokens=False)) for w in words)
+        return tuple(ids for ids in encoded if ids)
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """``messages`` (``role``/``content`` dicts) through the chat template, ready for a new assistant turn.

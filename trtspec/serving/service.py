@@ -154,9 +154,9 @@ class LockedTokenizer:
         with self._lock:
             return self._tok.encode_prompt(text, raw=raw)
 
-    def encode_word(self, text: str) -> list[int]:
+    def encode_words(self, words: Any) -> tuple[tuple[int, ...], ...]:
         with self._lock:
-            return self._tok.encode_word(text)
+            return self._tok.encode_words(words)
 
     def decode(self, token_ids: Any) -> str:
         with self._lock:
@@ -349,7 +349,7 @@ class RequestService:
             sampling=sreq.sampling,
             request_id=sreq.request_id,
             drafter=drafter,
-            bad_words=tuple(ids for w in sreq.bad_words if (ids := tuple(self.tokenizer.encode_word(w)))),
+            bad_words=self.tokenizer.encode_words(sreq.bad_words),
         )
 
     def _done_in_flight(self) -> None:
