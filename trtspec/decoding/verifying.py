@@ -51,7 +51,7 @@ def verify(
     ban: Ban | None = None,
 ) -> Verdict:
     """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide (``ban``: what
-    the first rows may not choose).
+    each row of the pass may not choose).
 
     Afterwards the cache holds ``token_ids`` and the drafts, or (a
     ``DraftVerifier``) only the accepted ones; the caller truncates.
