@@ -29,7 +29,7 @@ def write_json(path: Path | None, data: dict) -> None:
     """The run's summary as JSON at ``path`` (None: not written)."""
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2))
+        path.write_text(json.dumps(data, indent=2, default=str))  # paths among the args
 
 
 def run_loop(
