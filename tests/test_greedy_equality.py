@@ -9,7 +9,7 @@ import torch
 
 from trtspec.runtime.pair import load_pair
 from trtspec.testing.tiny import EOS_PROMPTS
-from trtspec.decoding import DrafterKind, FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import DrafterKind, FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
 
 TINY_PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2", "Triton Inference"]
 
@@ -71,6 +71,25 @@ def test_bad_words_match_transformers_bad_words_ids(tiny_pair, tiny_target, k):
         assert out.token_ids == ref, text
         changed += ref != plain
     assert changed == len(TINY_PROMPTS)
+
+
+@pytest.mark.parametrize("k", [0, 3, 5])
+def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, tiny_target, k):
+    """transformers' ``repetition_penalty`` counts the prompt and the answer, as TensorRT-LLM does: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    changed = 0
+    for text in TINY_PROMPTS:
+        ids = tok.encode_prompt(text)
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                             pad_token_id=0, repetition_penalty=1.8)[0, len(ids):].tolist()
+        r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(penalties=Penalties(repetition=1.8)))
+        out = dec.generate(r, FixedDraftLength(k))
+        assert out.token_ids == ref, text
+        changed += ref != hf_greedy(tiny_target, ids, 24)
+    assert changed >= len(TINY_PROMPTS) - 1
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 8])

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from trtspec.cli.main import app
 from trtspec.runtime.pair import load_pair
-from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
 from trtspec.testing.tiny import EOS_PROMPTS
 
 runner = CliRunner()
@@ -50,6 +50,22 @@ def test_generate_holds_back_eos_ignores_it_and_avoids_bad_words(tiny_target, ti
     word, banned = next((w, t) for t in plain[:-1] if (w := tok.decode([t])).strip() and tok.encode_words([w]) == ((t,),))
     avoided = generate(prompt, "--bad-word", word)["token_ids"]
     assert banned not in avoided and avoided != plain
+
+
+def test_generate_penalties_are_the_target_alones_under_the_same_penalties(tiny_target, tiny_draft):
+    args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt", "Numbers 0 1 2",
+            "--max-tokens", "24", "--k", "3", "--json"]
+    res = runner.invoke(app, args + ["--repetition-penalty", "1.8", "--presence-penalty", "0.5",
+                                     "--frequency-penalty", "0.25"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    pair = load_pair(tiny_target, None)
+    ids = tuple(pair.target.tokenizer.encode_prompt("Numbers 0 1 2"))
+    pen = Penalties(repetition=1.8, presence=0.5, frequency=0.25)
+    ref = pair.decoder().generate(GenerationRequest(ids, StopCriteria(24), SamplingParams(penalties=pen)),
+                                  FixedDraftLength(0))
+    plain = pair.decoder().generate(GenerationRequest(ids, StopCriteria(24)), FixedDraftLength(0))
+    assert out["token_ids"] == ref.token_ids != plain.token_ids and out["stats"]["drafted_tokens"] > 0
 
 
 def test_generate_with_a_free_drafter_needs_no_draft_model(tiny_target):
@@ -96,6 +112,7 @@ def test_bad_inputs_give_one_line_errors(tiny_target, tiny_draft, tmp_path):
         (base + ["--prompt", "", "--max-tokens", "4"], "prompt is empty"),
         (base + ["--prompt", "hi", "--k", "-1"], "--k must be >= 0"),
         (base + ["--prompt", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (base + ["--prompt", "hi", "--repetition-penalty", "0"], "repetition_penalty must be > 0, got 0.0"),
         (["generate", "--local", "--target", str(tmp_path / "missing"), "--prompt", "hi", "--speculation", "off"],
          "checkpoint not found"),
         (["generate", "--local", "--target", str(tiny_target), "--prompt", "hi"], "--draft is required"),

@@ -15,6 +15,7 @@ from trtspec.decoding import (
     FinishReason,
     FixedDraftLength,
     GenerationRequest,
+    Penalties,
     SamplingParams,
     SpeculativeDecoder,
     StopCriteria,
@@ -185,6 +186,77 @@ def test_bad_words_never_end_the_text_the_target_choosing_among_the_others(k):
     draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
     r = dataclasses.replace(req(prompt=prompt, max_new=40), bad_words=tuple(words))
     assert SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(k)).token_ids == expected
+
+
+def _penalised(row: torch.Tensor, text: list[int], pen: Penalties, temperature: float = 1.0) -> torch.Tensor:
+    """By hand, TensorRT-LLM's order: ``row / temperature``, then each id of ``text`` divided by the
+    repetition penalty (multiplied when negative), less the presence penalty, less frequency x count."""
+    row = row / temperature
+    for v in set(text):
+        x = float(row[v])
+        x = x * pen.repetition if x < 0 else x / pen.repetition
+        row[v] = x - pen.presence - pen.frequency * text.count(v)
+    return row
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+@pytest.mark.parametrize("pen", [Penalties(repetition=1.6), Penalties(presence=0.8, frequency=0.5),
+                                 Penalties(repetition=0.7, frequency=-0.3)])
+def test_penalties_count_the_prompt_and_the_text_the_drafts_before_each_row_included(k, pen):
+    target = BigramLM.random(V, seed=5)
+    prompt = (4, 9, 4)
+    text = list(prompt)
+    for _ in range(40):
+        text.append(int(_penalised(target.table[text[-1]].clone(), text, pen).argmax()))
+    expected = text[len(prompt):]
+    assert expected != target_alone(target, req(prompt=prompt, max_new=40)).token_ids  # they changed the answer
+    draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+    r = dataclasses.replace(req(prompt=prompt, max_new=40), sampling=SamplingParams(penalties=pen))
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(k))
+    assert out.token_ids == expected
+    if k:
+        assert out.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("one_call", [False, True])
+def test_the_draft_applies_the_penalties_too_so_a_copy_of_the_target_is_always_right(one_call):
+    """The draft's logits are penalised over the text and its own drafts before, as the target's rows are."""
+    target = BigramLM.random(V, seed=5)
+    draft = BigramLM(target.table.clone())
+    pen = Penalties(repetition=1.6, presence=0.8, frequency=0.5)
+    r = GenerationRequest((4, 9, 4), StopCriteria(40), SamplingParams(penalties=pen))
+    out = SpeculativeDecoder(target, _OneCallDraft(draft) if one_call else draft).generate(r, FixedDraftLength(4))
+    assert out.stats.acceptance_rate == 1.0 and out.stats.drafted_tokens >= 30
+    assert out.token_ids != target_alone(target, req(prompt=(4, 9, 4), max_new=40)).token_ids
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_sampled_output_under_penalties_follows_the_penalised_target(exact):
+    """Three sampled tokens, the penalties after the temperature (TensorRT-LLM's order): each sequence's
+    frequency over 5000 seeded requests against its probability worked out by hand."""
+    vocab, pen, sampling = 4, Penalties(repetition=1.5, presence=0.6, frequency=0.4), SamplingParams(0.7, exact=exact)
+    target = BigramLM.random(vocab, seed=21, sharpness=1.5)
+    draft = BigramLM.random(vocab, seed=22, sharpness=1.5)
+    prompt = (0, 1, 0)
+    expected = torch.zeros(vocab**3)
+    for i in range(vocab**3):
+        seq, text, prob = (i // vocab**2, i // vocab % vocab, i % vocab), list(prompt), 1.0
+        for t in seq:
+            prob *= float(torch.softmax(_penalised(target.table[text[-1]].clone(), text, pen, 0.7), -1)[t])
+            text.append(t)
+        expected[i] = prob
+    dec, n, counts, accepted = SpeculativeDecoder(target, draft), 5000, torch.zeros(vocab**3), 0
+    for seed in range(n):
+        r = GenerationRequest(prompt, StopCriteria(3), dataclasses.replace(sampling, seed=seed, penalties=pen))
+        out = dec.generate(r, FixedDraftLength(2))
+        t1, t2, t3 = out.token_ids
+        counts[(t1 * vocab + t2) * vocab + t3] += 1
+        accepted += out.stats.accepted_tokens
+    se = torch.sqrt(expected * (1 - expected) / n)
+    assert ((counts / n - expected).abs() <= 5 * se + 0.002).all(), (counts / n - expected).abs().max()
+    assert accepted > n // 20
+    plain = torch.softmax(target.table[0] / 0.7, -1)
+    assert (expected.view(vocab, -1).sum(-1) - plain).abs().max() > 0.05  # the penalties moved the first token
 
 
 def test_stop_string_cuts_text_and_tokens():
@@ -468,7 +540,10 @@ def test_sampled_output_under_min_new_tokens_follows_the_target_without_the_bann
 def test_min_new_tokens_is_refused_by_a_target_that_decides_acceptance_in_its_engine():
     target = _MatchingTarget(BigramLM.random(V, seed=4))
     r = req(prompt=(2, 7), max_new=30, eos_token_ids=frozenset({5}), min_new_tokens=4)
-    with pytest.raises(InvalidRequestError, match="min_tokens and bad_words need the target's logits"):
+    with pytest.raises(InvalidRequestError, match="min_tokens, bad_words and the penalties need the target's logits"):
+        SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
+    r = dataclasses.replace(req(prompt=(2, 7), max_new=30), sampling=SamplingParams(penalties=Penalties(repetition=1.2)))
+    with pytest.raises(InvalidRequestError, match="the penalties need the target's logits"):
         SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
 
 
@@ -493,10 +568,10 @@ class _OneCallDraft(ModelWrapper):
         owner = self
 
         class Session(SessionWrapper):
-            def propose(self, ids, k, sampling, seed):
+            def propose(self, ids, k, sampling, seed, text=()):
                 owner.propose_calls += 1
                 gen = torch.Generator().manual_seed(seed) if seed is not None else None
-                return propose_locally(self.inner, ids, k, sampling, gen)
+                return propose_locally(self.inner, ids, k, sampling, gen, text)
 
         return Session(self.inner.new_session(session_id))
 
@@ -647,9 +722,9 @@ def test_a_proposer_that_stops_short_is_checked_for_what_it_sent():
             owner = self
 
             class Session(SessionWrapper):
-                def propose(self, ids, k, sampling, seed):
+                def propose(self, ids, k, sampling, seed, text=()):
                     owner.propose_calls += 1
-                    return propose_locally(self.inner, ids, min(k, 2), sampling, None)
+                    return propose_locally(self.inner, ids, min(k, 2), sampling, None, text)
 
             return Session(inner)
 

@@ -144,7 +144,7 @@ class GatedSession:
     def forward(self, token_ids, num_logits):
         raise AssertionError("a proposing draft is driven through propose")
 
-    def propose(self, token_ids, k, sampling, seed):
+    def propose(self, token_ids, k, sampling, seed, text=()):
         self.owner.gate.wait(30)
         if self.owner.fail is not None:
             raise self.owner.fail
@@ -311,7 +311,7 @@ class ReadingSession:
     def forward(self, token_ids, num_logits):
         raise AssertionError("a proposing draft is driven through propose")
 
-    def propose(self, token_ids, k, sampling, seed):
+    def propose(self, token_ids, k, sampling, seed, text=()):
         o = self.owner
         stall = o.stall_s if o.calls in o.stalls else 0.0
         o.calls += 1

@@ -6,6 +6,7 @@ Without it a position's logits depend on how many tokens its pass carried (a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import torch
 
 from trtspec.control.config import GoodputConfig
 from trtspec.control.goodput import GoodputController, GoodputModel
-from trtspec.decoding import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
 from trtspec.decoding.types import IterationOutcome
 from trtspec.runtime.pair import load_pair
 from trtspec.runtime.torch.loader import load_model
@@ -113,6 +114,26 @@ def test_tiny_pair_with_eos_held_back_is_exact(tiny_target, tiny_draft, temperat
         for name, policy in POLICIES.items():
             assert dec.generate(req, policy()).token_ids == ref.token_ids, (ids, sp.seed, name)
     assert changed  # holding EOS back changed some answers: the precondition of the test
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_tiny_pair_under_penalties_is_exact(tiny_target, tiny_draft, temperature):
+    """The penalties in exact mode: each row's counts take the drafts before it, so the same bits."""
+    pair = load_pair(tiny_target, tiny_draft, target_precision="bf16", draft_precision="bf16", exact=True)
+    dec = pair.decoder()
+    pen = Penalties(repetition=1.3, presence=0.4, frequency=0.3)
+    drafted = changed = 0
+    for ids in prompts(6, seed=2):
+        sp = SamplingParams(temperature=temperature, seed=3 if temperature else None, exact=True)
+        req = GenerationRequest(ids, StopCriteria(30), dataclasses.replace(sp, penalties=pen))
+        ref = dec.generate(req, FixedDraftLength(0))
+        plain = dec.generate(GenerationRequest(ids, StopCriteria(30), sp), FixedDraftLength(0))
+        changed += ref.token_ids != plain.token_ids
+        for name, policy in POLICIES.items():
+            out = dec.generate(req, policy())
+            assert out.token_ids == ref.token_ids, (ids, name)
+            drafted += out.stats.drafted_tokens
+    assert drafted > 0 and changed >= 3  # the penalties changed answers: the precondition
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

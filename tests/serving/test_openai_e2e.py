@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from trtspec.builder.repo import write_model_repo
+from trtspec.decoding.types import Penalties
 from trtspec.serving import statusfile
 from trtspec.serving.client import GenerateParams, generate_http
 from trtspec.serving.launcher import ServerError, TritonServer, find_tritonserver, free_port
@@ -116,6 +117,21 @@ def test_bad_words_are_spec_decodes_and_change_the_answer(served, client, tiny_t
     assert r.choices[0].text == expected != plain.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_penalties_are_spec_decodes_and_change_the_answer(served, client, stream):
+    """OpenAI's presence and frequency penalties and vLLM's repetition_penalty, forwarded: the answer is
+    Triton's generate with the same penalties (spec_decode's meaning, the prompt counted)."""
+    http = served[0].endpoints.http
+    plain = generate_http(http, PROMPT, GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False))
+    pen = Penalties(repetition=0.5, presence=-1.0, frequency=0.25)  # below 1 and 0: repeat (this answer never does)
+    params = GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False, penalties=pen)
+    expected = generate_http(http, PROMPT, params).text
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=20, temperature=0, stream=stream,
+                                  presence_penalty=-1.0, frequency_penalty=0.25, extra_body={"repetition_penalty": 0.5})
+    text = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+    assert text == expected != plain.text
+
+
 def test_stream_ends_with_done_over_raw_http(served):
     body = json.dumps({"model": "spec_decode", "prompt": PROMPT, "max_tokens": 8, "stream": True}).encode()
     req = urllib.request.Request(f"{served[1].url}/v1/completions", data=body,
@@ -177,9 +193,9 @@ def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
     (dict(temperature=5), 400, "temperature"),
     (dict(model="gpt-4o"), 404, "'gpt-4o' does not exist"),
     (dict(extra_body={"speculation": "maybe"}), 400, "speculation"),
-    (dict(presence_penalty=0.5), 400, "presence_penalty"),
+    (dict(presence_penalty=2.5), 400, "presence_penalty"),  # OpenAI's range: -2..2
     (dict(extra_body={"min_tokens": 8}), 400, "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
-    (dict(extra_body={"repetition_penalty": 1.2}), 400, "repetition_penalty 1.2"),
+    (dict(extra_body={"repetition_penalty": 0}), 400, "repetition_penalty"),
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
     args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}

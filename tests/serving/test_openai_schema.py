@@ -5,18 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from trtspec.errors import InvalidRequestError
+from trtspec.decoding.types import Penalties
 from trtspec.runtime.tokenizer import Tokenizer
 from trtspec.serving.client import ClientError, ClientResult, error_code
 from trtspec.serving.openai_api.app import _as_openai_error
 from trtspec.serving.openai_api.render import Renderer
 from trtspec.serving.openai_api.schema import ChatCompletionRequest, CompletionRequest, OpenAIError
-from trtspec.serving.request import refusal
-from trtspec.serving.request import refuse_unsupported as refuse_inputs
+from trtspec.serving.request import parse_request
 from trtspec.serving.service import CLIENT_CANCELLED, SHUTTING_DOWN
 from trtspec.testing.tiny import CHATML
 
@@ -53,7 +51,6 @@ def test_max_completion_tokens_wins_over_max_tokens():
 @pytest.mark.parametrize(("request_", "param"), [
     (lambda: chat(n=3), "n"),
     (lambda: chat(logprobs=True), "logprobs"),
-    (lambda: chat(frequency_penalty=1.0), "frequency_penalty"),
     (lambda: chat(tools=[{"type": "function"}]), "tools"),
     (lambda: chat(response_format={"type": "json_object"}), "response_format"),
     (lambda: chat(stream_options={"include_usage": True}), "stream_options"),  # without stream
@@ -65,7 +62,6 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: chat(logit_bias={"42": 5.0}), "logit_bias"),
     (lambda: chat(top_logprobs=2), "top_logprobs"),
     (lambda: CompletionRequest(model="m", prompt="a", suffix="and then"), "suffix"),
-    (lambda: chat(repetition_penalty=1.3), "repetition_penalty"),  # vLLM's extension
 ])
 def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
     with pytest.raises(OpenAIError) as info:
@@ -78,15 +74,20 @@ def test_neutral_values_of_unsupported_fields_pass():
          min_tokens=1).refuse_unsupported()
 
 
-@pytest.mark.parametrize(("field", "value"), [("presence_penalty", 0.5), ("frequency_penalty", -1.0),
-                                              ("repetition_penalty", 1.3)])
-def test_fields_shared_with_tensorrt_llm_are_refused_by_spec_decodes_own_rule(field, value):
-    """One rule for a penalty, whichever interface it came through."""
-    with pytest.raises(OpenAIError) as info:
-        chat(**{field: value}).refuse_unsupported()
-    assert info.value.message.startswith(refusal(field, [value]))
-    with pytest.raises(InvalidRequestError, match=f"^{field} "):
-        refuse_inputs({field: np.array([[value]])}.get)
+def test_penalties_become_spec_decodes_inputs_with_its_meaning():
+    """The same Penalties on spec_decode's side as on the endpoint's; neutral ones are not sent."""
+    request = chat(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.3)  # the last: vLLM's
+    fields = request.params(8, 300, apply_chat_template=False).fields()
+    assert {name: fields[name] for name in ("presence_penalty", "frequency_penalty", "repetition_penalty")} == {
+        "presence_penalty": 0.5, "frequency_penalty": -1.0, "repetition_penalty": 1.3}
+    parsed = parse_request(lambda name: fields.get(name) if name != "text_input" else "hi", max_tokens_limit=300)
+    assert parsed.sampling.penalties == Penalties(repetition=1.3, presence=0.5, frequency=-1.0)
+    neutral = chat(presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0)
+    assert not {"presence_penalty", "frequency_penalty", "repetition_penalty"} & set(
+        neutral.params(8, 300, apply_chat_template=False).fields())
+    for bad in ({"presence_penalty": 2.5}, {"frequency_penalty": -3.0}, {"repetition_penalty": 0.0}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            chat(**bad)
 
 
 def test_vllms_ignore_eos_min_tokens_and_bad_words_become_spec_decodes_inputs():

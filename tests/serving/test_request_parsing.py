@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trtspec.errors import InvalidRequestError
-from trtspec.decoding.types import DrafterKind
+from trtspec.decoding.types import DrafterKind, Penalties
 from trtspec.wire import Speculation
 from trtspec.serving.request import parse_request
 
@@ -137,7 +137,10 @@ def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():
 
 @pytest.mark.parametrize(("values", "message"), [
     (dict(beam_width=np.array([[4]], dtype=np.int32)), "beam_width 4: trtspec decodes one beam (only 1)"),
-    (dict(presence_penalty=0.5), "presence_penalty 0.5: trtspec does not support presence_penalty (only 0.0)"),
+    (dict(return_log_probs=True), "return_log_probs True: trtspec does not support return_log_probs (only False)"),
+    (dict(repetition_penalty=np.array([[0.0]], dtype=np.float32)), "repetition_penalty must be > 0, got 0.0"),
+    (dict(presence_penalty=float("nan")), "input 'presence_penalty' must be finite, got nan"),
+    (dict(frequency_penalty="high"), "input 'frequency_penalty' must be a number, got "),
     (dict(decoder_text_input=np.array([[b"x"]], dtype=object)), "decoder_text_input 'x': trtspec serves decoder-only"),
     (dict(prompt_embedding_table=np.ones((1, 2, 3), dtype=np.float16)), "prompt_embedding_table 1.0: trtspec does no"),
     (dict(num_draft_tokens=-1), "num_draft_tokens must be >= 0, got -1"),
@@ -162,6 +165,13 @@ def test_tensorrt_llm_inputs_at_their_neutral_values_pass_and_the_honoured_ones_
     assert parse(text_input="x", max_tokens=1, num_draft_tokens=0).speculation is Speculation.OFF
     streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
     assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens
+
+
+def test_penalties_are_read_with_tensorrt_llms_neutral_defaults():
+    assert parse(text_input="x", max_tokens=1).sampling.penalties == Penalties()
+    r = parse(text_input="x", max_tokens=1, repetition_penalty=np.array([[1.25]], dtype=np.float32),
+              presence_penalty=0.5, frequency_penalty=np.array([[-0.25]], dtype=np.float32))
+    assert r.sampling.penalties == Penalties(repetition=1.25, presence=0.5, frequency=-0.25)
 
 
 def test_bad_words_are_read_without_the_empty_ones():

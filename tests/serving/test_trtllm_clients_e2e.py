@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
+from trtspec.decoding import FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
 from trtspec.serving.client import ClientError, stream_infer
 from trtspec.testing.tiny import EOS_PROMPTS
 
@@ -129,6 +129,24 @@ def test_bad_words_are_never_in_the_answer(triton, reference, target_alone):
     assert scalar(final, "total_draft_tokens") > 0
 
 
+def test_penalties_have_tensorrt_llms_meaning_speculating(triton, reference, target_alone):
+    """The penalties as TensorRT-LLM's clients send them: the answer is the target alone's under the same
+    penalties, speculation on and off."""
+    values = dict(repetition_penalty=1.5, presence_penalty=0.25, frequency_penalty=0.125)  # exact in float32
+    _, final, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, **values)
+    ids = final["output_ids"].reshape(-1).tolist()
+    tok = target_alone.target.tokenizer
+    request = GenerationRequest(tuple(tok.encode_prompt(PROMPT)), StopCriteria(24, eos_token_ids=tok.eos_token_ids()),
+                                SamplingParams(penalties=Penalties(repetition=1.5, presence=0.25, frequency=0.125)))
+    assert ids == target_alone.decoder().generate(request, FixedDraftLength(0)).token_ids
+    assert ids != reference(PROMPT, 24).token_ids and scalar(final, "total_draft_tokens") > 0
+    # the draft model penalises its drafts over the whole sequence as the target does (without: 0.95 against 1.0 here)
+    _, plain, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False)
+    assert scalar(final, "acceptance_rate") >= scalar(plain, "acceptance_rate") - 0.02
+    _, off, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, num_draft_tokens=0, **values)
+    assert off["output_ids"].reshape(-1).tolist() == ids
+
+
 def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
     text, final, _ = send(triton, text_input=PROMPT, max_tokens=16, stream=False, num_draft_tokens=0)
     assert scalar(final, "total_draft_tokens") == 0 and text == reference(PROMPT, 16).text
@@ -138,7 +156,7 @@ def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
     (dict(beam_width=4), "beam_width 4: trtspec decodes one beam"),
     (dict(num_return_sequences=3), "num_return_sequences 3: trtspec returns one sequence per request"),
     (dict(return_log_probs=True), "return_log_probs True:"),
-    (dict(repetition_penalty=1.5), "repetition_penalty 1.5:"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be > 0, got 0.0"),
     (dict(min_tokens=8), "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(lora_task_id=7), "lora_task_id 7: trtspec serves no LoRA adapters"),
     (dict(image_url_input="http://x/cat.png"), "image_url_input 'http://x/cat.png': trtspec serves text-only models"),

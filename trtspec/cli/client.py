@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from trtspec.cli.common import JsonOpt, domain_errors, log, print_json
+from trtspec.decoding.types import Penalties
 
 
 def remote_generate(
@@ -31,6 +32,7 @@ def remote_generate(
     min_tokens: int = 0,
     ignore_eos: bool = False,
     bad_words: Sequence[str] | None = None,
+    penalties: Penalties = Penalties(),
     json_out: bool = False,
     timeout_s: float = 600.0,
 ) -> None:
@@ -53,6 +55,7 @@ def remote_generate(
         min_tokens=min_tokens or None,
         end_id=-1 if ignore_eos else None,
         bad_words=tuple(bad_words or ()),
+        penalties=penalties,
     )
 
     def show(text: str) -> None:

@@ -31,6 +31,9 @@ def generate(
     min_tokens: Annotated[int, typer.Option("--min-tokens", help="No EOS among the first N tokens: the target chooses among the others (vLLM's min_tokens, TensorRT-LLM's min_length).")] = 0,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="EOS does not end the answer: it runs to --max-tokens (TensorRT-LLM's end_id -1).")] = False,
     bad_word: Annotated[list[str] | None, typer.Option("--bad-word", help="A word the text never contains, encoded as given (repeatable; TensorRT-LLM's bad_words).")] = None,
+    repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Logits of tokens already in the text (prompt included) divided by it, multiplied when negative; 1: none (TensorRT-LLM's).")] = 1.0,
+    presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtracted from the logits of tokens already in the text, prompt included (TensorRT-LLM's).")] = 0.0,
+    frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Times a token's count in the text, prompt included, subtracted from its logit (TensorRT-LLM's).")] = 0.0,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8|int4")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights; with --demo, auto is int4 where it runs well, else the INT8 copy)")] = "auto",
@@ -42,7 +45,9 @@ def generate(
     """Generate text for one prompt; streams to stdout (or one JSON object with --json)."""
     from trtspec.errors import InvalidRequestError
     from trtspec.runtime.pair import load_pair
-    from trtspec.decoding import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
+    from trtspec.decoding import FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
+
+    penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty)
 
     if url is not None:
         if local or demo or target or draft:
@@ -55,7 +60,8 @@ def generate(
                         speculation=Speculation.OFF if k == 0 else speculation,
                         drafter=drafter.value if drafter is not None else None,
                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
-                        min_tokens=min_tokens, ignore_eos=ignore_eos, bad_words=bad_word, json_out=json_out)
+                        min_tokens=min_tokens, ignore_eos=ignore_eos, bad_words=bad_word, penalties=penalties,
+                        json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
@@ -91,9 +97,8 @@ def generate(
                 stop_strings=tuple(stop or ()),
                 min_new_tokens=min_tokens,
             ),
-            sampling=SamplingParams(
-                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, exact=pair.target.exact
-            ),
+            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                    exact=pair.target.exact, penalties=penalties),
             drafter=drafter,
             bad_words=tok.encode_words(bad_word or ()),
         )

@@ -9,7 +9,7 @@ import torch
 
 from trtspec.decoding.acceptance import draw_at, sample, warp_probs
 from trtspec.decoding.protocols import DraftProposer, LanguageModel, LMSession, argmax_ids
-from trtspec.decoding.types import Proposal, SamplingParams
+from trtspec.decoding.types import LogitRules, Proposal, SamplingParams
 
 
 def deterministic_proposal(tokens: Sequence[int], sampling: SamplingParams, vocab_size: int) -> Proposal:
@@ -34,6 +34,7 @@ def propose_locally(
     k: int,
     sampling: SamplingParams,
     generator: torch.Generator | None,
+    text: Sequence[int] = (),
 ) -> Proposal:
     """Append ``token_ids`` to ``session``, then draft ``x_1..x_k`` one forward at a time.
 
@@ -43,11 +44,14 @@ def propose_locally(
     (temperature, top-k, top-p); in exact mode with a seed, drawn with the noise
     the target's draw at that position uses
     (:func:`~trtspec.decoding.acceptance.draw_at`), so the two mostly agree
-    when ``q_i`` is close to ``p_i``. ``x_k`` is not
-    fed: the session ends holding ``token_ids`` plus ``x_1..x_{k-1}``.
+    when ``q_i`` is close to ``p_i``. The request's penalties act on the draft's
+    logits as on the target's, over ``text`` (the whole sequence ``token_ids`` ends)
+    and the drafts before: each draft is then the draft's guess at the penalised
+    target's choice. ``x_k`` is not fed: the session ends holding ``token_ids`` plus
+    ``x_1..x_{k-1}``.
     """
     assert k >= 1 and len(token_ids) >= 1
-    if sampling.greedy:  # ids only (an ArgmaxHead answers them faster)
+    if sampling.greedy and sampling.penalties.neutral:  # ids only (an ArgmaxHead answers them faster)
         ids = argmax_ids(session, token_ids, 1)
         while len(ids) < k:
             ids += argmax_ids(session, ids[-1:], 1)
@@ -56,16 +60,26 @@ def propose_locally(
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
     for i in range(k):
-        q = warp_probs(logits, sampling)[0]  # [vocab]
-        if sampling.exact and sampling.seed is not None:  # the target's position-keyed draw, from q
-            tok = draw_at(q, sampling.seed, session.num_cached)
-        else:
-            tok = sample(q, generator)
-        q_rows.append(q)
-        tokens.append(tok)
+        if not sampling.penalties.neutral:
+            rules = LogitRules(penalties=sampling.penalties, context=tuple(text) + tuple(tokens))
+            logits = rules.apply(logits, sampling.temperature)
+        tokens.append(_draw(logits, sampling, generator, session.num_cached, q_rows))
         if i < k - 1:
-            logits = session.forward([tok], 1)
-    return Proposal(tokens=tuple(tokens), q=torch.stack(q_rows))
+            logits = session.forward([tokens[-1]], 1)
+    return Proposal(tokens=tuple(tokens), q=torch.stack(q_rows) if q_rows else None)
+
+
+def _draw(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int,
+          q_rows: list[torch.Tensor]) -> int:
+    """The draft token from ``logits`` [1, vocab]: greedy, its argmax; else a draw from ``q``, the
+    warped logits, which joins ``q_rows``."""
+    if sampling.greedy:
+        return int(logits[0].argmax())
+    q = warp_probs(logits, sampling)[0]  # [vocab]
+    q_rows.append(q)
+    if sampling.exact and sampling.seed is not None:  # the target's position-keyed draw, from q
+        return draw_at(q, sampling.seed, position)
+    return sample(q, generator)
 
 
 def propose(
@@ -74,14 +88,16 @@ def propose(
     k: int,
     sampling: SamplingParams,
     generator: torch.Generator | None,
+    text: Sequence[int] = (),
 ) -> Proposal:
-    """Draft with the session's own one-call :class:`DraftProposer` when it has one."""
+    """Draft with the session's own one-call :class:`DraftProposer` when it has one (it holds the
+    whole sequence; ``text`` is that sequence, for drafting here)."""
     if isinstance(session, DraftProposer):
         seed = None
         if not sampling.greedy:  # the remote side samples from a generator seeded from ours
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        return session.propose(token_ids, k, sampling, seed)
-    return propose_locally(session, token_ids, k, sampling, generator)
+        return session.propose(token_ids, k, sampling, seed, text)
+    return propose_locally(session, token_ids, k, sampling, generator, text)
 
 
 class ModelDrafter:
@@ -106,7 +122,7 @@ class ModelDrafter:
         k = min(k, self._max_context - len(tokens))
         if k <= 0:
             return Proposal(tokens=(), q=None)
-        return propose(self._session, tokens[self._session.num_cached :], k, sampling, generator)
+        return propose(self._session, tokens[self._session.num_cached :], k, sampling, generator, tokens)
 
     def rollback(self, length: int) -> None:
         if self._session.num_cached > length:

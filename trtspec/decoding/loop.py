@@ -258,8 +258,8 @@ class Generation(Iterator[StreamChunk]):
                 draft_failed = True
         t1 = clock()
         # A drafter may propose fewer than k tokens (an engine at its end id): k is what it sent.
-        ban = self.request.ban(tokens, len(self._checker.token_ids), proposal.tokens)  # min_tokens, bad_words
-        verdict = verify(target, tokens[target.num_cached :], proposal, sp, self._generator, ban)
+        rules = self.request.rules(tokens, len(self._checker.token_ids), proposal.tokens)
+        verdict = verify(target, tokens[target.num_cached :], proposal, sp, self._generator, rules)
         name = drafter.name if drafter is not None and k > 0 else ""
         return _Step(proposal.tokens, verdict, t1 - t0, clock() - t1, draft_failed, name)
 

@@ -64,9 +64,12 @@ class DraftProposer(Protocol):
     ``token_ids`` (appended) plus the first ``m - 1`` of the ``m`` proposed tokens.
     ``m`` is ``k``, or less (at least 1) when the draft stopped early (an engine that
     ended the sequence); ``q`` then has ``m`` rows. The loop checks the ``m`` it got.
+    ``text`` is the whole sequence ``token_ids`` ends, which the penalties count
+    (a session that holds the sequence itself may ignore it).
     """
 
-    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
+    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None,
+                text: Sequence[int] = ()) -> Proposal:
         ...
 
 

@@ -36,6 +36,40 @@ from trtspec.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
+class Penalties:
+    """TensorRT-LLM's repetition, presence and frequency penalties (its ``batchApplyPenalty``): an id that
+    occurs in the text so far, the prompt included, has its logit divided by ``repetition`` (multiplied
+    when negative), less ``presence``, less ``frequency`` times its count. They act after the
+    temperature, as there: sampling penalises ``logits / temperature``; greedy, the logits as they are
+    (TensorRT-LLM decodes greedily at its default temperature, 1)."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    @property
+    def neutral(self) -> bool:
+        return self.repetition == 1.0 and self.presence == 0.0 and self.frequency == 0.0
+
+    def validate(self) -> None:
+        for name, v in (("repetition_penalty", self.repetition), ("presence_penalty", self.presence),
+                        ("frequency_penalty", self.frequency)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise InvalidRequestError(f"{name} must be a finite number, got {v!r}")
+        if self.repetition <= 0:
+            raise InvalidRequestError(f"repetition_penalty must be > 0, got {self.repetition}")
+
+    def apply(self, logits: torch.Tensor, counts: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``logits`` [n, vocab] (float32) penalised by ``counts`` [n, vocab], each id's occurrences in
+        its row's text; presence and frequency scaled by ``temperature`` (0: greedy, 1), so that the
+        result divided by it is TensorRT-LLM's."""
+        scale = temperature or 1.0
+        seen = counts > 0
+        x = torch.where(seen, torch.where(logits < 0, logits * self.repetition, logits / self.repetition), logits)
+        return x - seen * (self.presence * scale) - counts * (self.frequency * scale)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. ``temperature == 0`` means greedy."""
 
@@ -46,6 +80,7 @@ class SamplingParams:
     # Exact mode: sampled tokens are position-keyed draws accepted by token matching
     # (acceptance.match_draws), so a seed gives the same output with speculation on or off.
     exact: bool = False
+    penalties: Penalties = Penalties()  # the target's, and a model draft's (its drafts then agree more often)
 
     @property
     def greedy(self) -> bool:
@@ -64,6 +99,7 @@ class SamplingParams:
             raise InvalidRequestError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.exact, bool):
             raise InvalidRequestError(f"exact must be true or false, got {self.exact!r}")
+        self.penalties.validate()
 
 
 @dataclass(frozen=True)
@@ -91,18 +127,36 @@ class StopCriteria:
 
 
 @dataclass(frozen=True)
-class Ban:
-    """The tokens each row of a target pass may not choose: ``rows[j]`` for row ``j`` (none past the tuple)."""
+class LogitRules:
+    """What a request's own text does to each row of a target pass before anything is chosen:
+    ``banned[j]``, the ids row ``j`` may not choose (none past the tuple: ``min_tokens``, ``bad_words``),
+    and ``penalties`` over row ``j``'s text, ``context`` and then ``drafted[:j]``."""
 
-    rows: tuple[frozenset[int], ...]
+    banned: tuple[frozenset[int], ...] = ()
+    penalties: Penalties = Penalties()
+    context: tuple[int, ...] = ()  # the committed tokens, prompt included (kept only for penalties)
+    drafted: tuple[int, ...] = ()
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` [n, vocab] with each row's banned ids at -inf (a copy)."""
-        out = logits.clone()
-        for j, ids in enumerate(self.rows[: logits.shape[0]]):
+    def apply(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``logits`` [n, vocab] as float32 with the penalties applied (``temperature``: see
+        :meth:`Penalties.apply`) and each row's banned ids at -inf (a copy)."""
+        n, vocab = logits.shape
+        out = logits.float().clone()
+        if not self.penalties.neutral:
+            out = self.penalties.apply(out, self._counts(n, vocab, logits.device), temperature)
+        for j, ids in enumerate(self.banned[:n]):
             if ids:
-                out[j, sorted(i for i in ids if i < logits.shape[-1])] = float("-inf")
+                out[j, sorted(i for i in ids if i < vocab)] = float("-inf")
         return out
+
+    def _counts(self, n: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """[n, vocab]: each id's occurrences in row ``j``'s text."""
+        base = torch.bincount(torch.tensor(self.context, dtype=torch.int64, device=device), minlength=vocab)
+        counts = base[:vocab].repeat(n, 1)
+        for j, tok in enumerate(self.drafted[: n - 1]):
+            if 0 <= tok < vocab:
+                counts[j + 1 :, tok] += 1
+        return counts.float()
 
 
 class DrafterKind(str, enum.Enum):
@@ -144,12 +198,20 @@ class GenerationRequest:
         self.stop.validate()
         self.sampling.validate()
 
-    def ban(self, context: Sequence[int], emitted: int, drafted: Sequence[int]) -> Ban | None:
-        """What each row of a target pass after ``context`` (the committed tokens, ``emitted`` of them
-        output) and ``drafted`` may not choose: EOS and stop ids while fewer than ``min_new_tokens`` are
-        out, a bad word's last token after the rest of it. None: nothing."""
+    def rules(self, context: Sequence[int], emitted: int, drafted: Sequence[int]) -> LogitRules | None:
+        """What the request does to each row of a target pass after ``context`` (the committed tokens,
+        ``emitted`` of them output) and ``drafted``: EOS and stop ids banned while fewer than
+        ``min_new_tokens`` are out, a bad word's last token after the rest of it, the penalties. None:
+        nothing (the usual case)."""
+        banned, penalties = self._banned(context, emitted, drafted), self.sampling.penalties
+        if penalties.neutral:
+            return None if banned is None else LogitRules(banned)
+        return LogitRules(banned or (), penalties, tuple(context), tuple(drafted))
+
+    def _banned(self, context: Sequence[int], emitted: int, drafted: Sequence[int]) -> tuple[frozenset[int], ...] | None:
+        """Per row, the ids it may not choose (None: none in any row)."""
         if not self.bad_words and emitted >= self.stop.min_new_tokens:
-            return None  # the usual case
+            return None
         held = self.stop.eos_token_ids | self.stop.stop_token_ids
         rows = []
         for j in range(len(drafted) + 1):
@@ -159,7 +221,7 @@ class GenerationRequest:
                 if n == 0 or (list(context[-n:]) + list(drafted[:j]))[-n:] == list(word[:-1]):
                     ids.add(word[-1])
             rows.append(frozenset(ids))
-        return Ban(tuple(rows)) if any(rows) else None
+        return tuple(rows) if any(rows) else None
 
     @classmethod
     def make_dummy(cls, prompt_len: int = 8, max_new_tokens: int = 8) -> GenerationRequest:

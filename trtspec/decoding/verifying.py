@@ -9,11 +9,13 @@ dispatched on what the target session can do, in ONE target pass:
 - sampling: the target's logits, then rejection sampling against ``q``, or in
   exact mode token matching against position-keyed draws (``match_draws``).
 
-A :class:`~trtspec.decoding.types.Ban` (``min_tokens``: no EOS yet; ``bad_words``)
-sets the banned tokens' logits to -inf in its rows before anything is chosen, so
-the target's choice there is its choice among the others, drafts or none. A greedy
-pass with a ban reads the logits (not ``forward_argmax``); on a float32 target
-with an ``ArgmaxHead`` the two can break a near tie differently (docs/runtime.md).
+A request's :class:`~trtspec.decoding.types.LogitRules` (``min_tokens``: no EOS
+yet; ``bad_words``; the penalties) act on each row's logits before anything is
+chosen: banned tokens at -inf, so the target's choice there is its choice among
+the others, drafts or none; penalties over the row's own text, drafts before it
+included. A greedy pass with rules reads the logits (not ``forward_argmax``); on a
+float32 target with an ``ArgmaxHead`` the two can break a near tie differently
+(docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from trtspec.decoding.acceptance import greedy_accept, match_draws, rejection_sample, warp_probs
 from trtspec.decoding.protocols import DraftVerifier, LMSession, argmax_ids
-from trtspec.decoding.types import Ban, Proposal, SamplingParams
+from trtspec.decoding.types import LogitRules, Proposal, SamplingParams
 from trtspec.errors import InvalidRequestError
 
 
@@ -48,10 +50,10 @@ def verify(
     proposal: Proposal,
     sampling: SamplingParams,
     generator: torch.Generator | None,
-    ban: Ban | None = None,
+    rules: LogitRules | None = None,
 ) -> Verdict:
-    """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide (``ban``: what
-    each row of the pass may not choose).
+    """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide (``rules``: what
+    the request does to each row's logits first).
 
     Afterwards the cache holds ``token_ids`` and the drafts, or (a
     ``DraftVerifier``) only the accepted ones; the caller truncates.
@@ -59,22 +61,22 @@ def verify(
     drafted = list(proposal.tokens)
     k = len(drafted)
     if isinstance(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
-        if ban is not None:
-            raise InvalidRequestError("min_tokens and bad_words need the target's logits; this target decides "
-                                      "acceptance in its engine (TensorRT-LLM)")
+        if rules is not None:
+            raise InvalidRequestError("min_tokens, bad_words and the penalties need the target's logits; this "
+                                      "target decides acceptance in its engine (TensorRT-LLM)")
         seed = None if sampling.greedy else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = session.verify(token_ids, drafted, sampling, seed)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
     fresh = list(token_ids) + drafted
     if sampling.greedy:
-        if ban is None:
+        if rules is None:
             choice = argmax_ids(session, fresh, k + 1)  # [k+1]
         else:
-            choice = _logits(session, fresh, k, ban).argmax(dim=-1).tolist()
+            choice = _logits(session, fresh, k, rules, sampling).argmax(dim=-1).tolist()
         n_acc, nxt = greedy_accept(drafted, choice)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]))
     start = session.num_cached + len(token_ids)  # sequence position of the first token drawn
-    p = warp_probs(_logits(session, fresh, k, ban), sampling)  # [k+1, vocab]
+    p = warp_probs(_logits(session, fresh, k, rules, sampling), sampling)  # [k+1, vocab]
     if sampling.exact:  # position-keyed draws, token matching: the same output with speculation off
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = match_draws(drafted, p, seed, start)
@@ -85,7 +87,8 @@ def verify(
     return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
 
 
-def _logits(session: LMSession, fresh: list[int], k: int, ban: Ban | None) -> torch.Tensor:
-    """The target's logits at the ``k + 1`` positions, with ``ban`` applied."""
+def _logits(session: LMSession, fresh: list[int], k: int, rules: LogitRules | None,
+            sampling: SamplingParams) -> torch.Tensor:
+    """The target's logits at the ``k + 1`` positions, with ``rules`` applied."""
     logits = session.forward(fresh, k + 1)  # [k+1, vocab]
-    return logits if ban is None else ban.apply(logits)
+    return logits if rules is None else rules.apply(logits, sampling.temperature)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from trtspec.decoding.types import Penalties
 from trtspec.errors import TrtspecError, one_line
 from trtspec.wire import SPEC_DECODE, SPEC_DECODE_INPUTS
 
@@ -62,6 +63,7 @@ class GenerateParams:
     drafter: str | None = None  # model | ngram | suffix | auto
     end_id: int | None = None  # the only EOS token; -1: none, the answer runs to max_tokens (None: the tokenizer's)
     min_tokens: int | None = None  # no EOS among the first this many tokens
+    penalties: Penalties = Penalties()  # TensorRT-LLM's repetition, presence and frequency penalties
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
@@ -74,6 +76,9 @@ class GenerateParams:
         for name in ("stop_words", "bad_words"):
             if getattr(self, name):
                 out[name] = list(getattr(self, name))
+        if not self.penalties.neutral:
+            p = self.penalties
+            out.update(repetition_penalty=p.repetition, presence_penalty=p.presence, frequency_penalty=p.frequency)
         return out
 
 

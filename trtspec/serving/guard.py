@@ -246,13 +246,15 @@ class GuardedSession(SessionWrapper):
             self._owner.call(lambda p=piece: self.inner.forward(p, 0), tokens=len(piece))
         return token_ids[last:]
 
-    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
+    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None,
+                text: Sequence[int] = ()) -> Proposal:
         if isinstance(self.inner, DraftProposer):
             inner: Any = self.inner
-            return self._owner.call(lambda: inner.propose(token_ids, k, sampling, seed), k=k, tokens=len(token_ids) + k)
+            return self._owner.call(lambda: inner.propose(token_ids, k, sampling, seed, text), k=k,
+                                    tokens=len(token_ids) + k)
         # A local draft: one deadline per forward pass.
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        return propose_locally(self, token_ids, k, sampling, gen)
+        return propose_locally(self, token_ids, k, sampling, gen, text)
 
     def close(self) -> None:
         if self._owner.close_async:

@@ -29,7 +29,7 @@ import numpy as np
 
 from trtspec.errors import InvalidRequestError
 from trtspec.wire import Priority, Speculation
-from trtspec.decoding.types import DrafterKind, SamplingParams
+from trtspec.decoding.types import DrafterKind, Penalties, SamplingParams
 
 E = TypeVar("E", bound=enum.Enum)
 Lookup = Callable[[str], Any]  # numpy array (an input tensor), a JSON scalar/list (a parameter), or None
@@ -133,8 +133,8 @@ def _max_tokens(get: Lookup, max_tokens_limit: int) -> int:
 
 
 def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
-    """``temperature``, ``top_k``, ``top_p``, ``seed`` (or ``random_seed``) and ``exact``, with
-    TensorRT-LLM's meanings of the edge values."""
+    """``temperature``, ``top_k``, ``top_p``, ``seed`` (or ``random_seed``), ``exact`` and the
+    penalties, with TensorRT-LLM's meanings of the edge values."""
     temperature = _float(get, "temperature")
     top_k = _int(get, "top_k")
     top_p = _float(get, "top_p")
@@ -159,6 +159,7 @@ def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
         exact=default_exact if exact is None else exact,
+        penalties=_penalties(get),
     )
     sampling.validate()
     return sampling
@@ -189,6 +190,13 @@ def _min_tokens(get: Lookup, max_tokens: int) -> int:
     return value
 
 
+def _penalties(get: Lookup) -> Penalties:
+    """``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` (:class:`Penalties`)."""
+    given = {name: v for name in ("repetition", "presence", "frequency")
+             if (v := _float(get, f"{name}_penalty")) is not None}
+    return Penalties(**given)
+
+
 def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, int | None]:
     """``num_draft_tokens``: the most tokens a draft may hold (0: TensorRT-LLM's no speculation)."""
     max_draft = _int(get, "num_draft_tokens")
@@ -206,9 +214,6 @@ def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, i
 _NEUTRAL_ONLY: dict[str, tuple] = {
     "beam_width": (1,),
     "num_return_sequences": (1,),
-    "repetition_penalty": (1.0,),
-    "presence_penalty": (0.0,),
-    "frequency_penalty": (0.0,),
     "return_log_probs": (False,),
     "return_context_logits": (False,),
     "return_generation_logits": (False,),
@@ -260,8 +265,7 @@ def refuse_unsupported(get: Lookup) -> None:
 
 def refusal(name: str, values: Sequence) -> str | None:
     """Why ``name`` (an input of :data:`_NEUTRAL_ONLY`) holding ``values`` is refused, in one line
-    naming the value; None when every value is a neutral one. The OpenAI endpoint asks it too, for
-    the fields it shares with TensorRT-LLM (penalties, ``min_tokens``)."""
+    naming the value; None when every value is a neutral one."""
     neutral = _NEUTRAL_ONLY[name]
     bad = next((v for v in values if v not in neutral), _NOTHING)
     if bad is _NOTHING:

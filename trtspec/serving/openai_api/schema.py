@@ -2,15 +2,17 @@
 
 Field names, types and defaults are OpenAI's (``temperature`` and ``top_p``
 default to 1, as there). A field we cannot honour with a value other than its
-neutral one (``n`` > 1, ``logprobs``, penalties, tools, ...) is refused with a
+neutral one (``n`` > 1, ``logprobs``, ``logit_bias``, tools, ...) is refused with a
 400 naming it; fields we do not know are ignored, as OpenAI's own server
 ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
 ``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
 ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` and other load generators
 send for answers of ``max_tokens`` tokens), ``min_tokens`` (no EOS among the
-first tokens) and ``bad_words`` (with ``spec_decode``'s meaning), honoured, and
-``repetition_penalty``, refused by ``spec_decode``'s own rule as the penalties are.
+first tokens), ``bad_words`` and ``repetition_penalty``. Every penalty is
+``spec_decode``'s, TensorRT-LLM's (as ``trtllm-serve`` forwards them): occurrences
+are counted over the prompt and the answer, where OpenAI and vLLM count presence
+and frequency over the answer only (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtspec.decoding.types import DrafterKind
+from trtspec.decoding.types import DrafterKind, Penalties
 from trtspec.serving.client import GenerateParams
-from trtspec.serving.request import refusal
 from trtspec.wire import Priority, Speculation
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is as many as the server allows
@@ -44,10 +45,6 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
-# fields an OpenAI (or vLLM) request shares with spec_decode's TensorRT-LLM inputs, by name and meaning
-_SHARED_WITH_TENSORRT_LLM = ("presence_penalty", "frequency_penalty", "repetition_penalty")
-
-
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -66,8 +63,8 @@ class _Request(BaseModel):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # OpenAI's range
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     # extensions (extra_body)
     speculation: Speculation | None = None
@@ -75,7 +72,7 @@ class _Request(BaseModel):
     drafter: DrafterKind | None = None
     top_k: int | None = Field(None, ge=0)
     ignore_eos: bool = False  # vLLM's: EOS does not end the answer (spec_decode's end_id -1)
-    repetition_penalty: float = 1.0  # vLLM's
+    repetition_penalty: float = Field(1.0, gt=0.0)  # vLLM's
     min_tokens: int = Field(0, ge=0)  # vLLM's: no EOS among the first this many tokens (spec_decode's min_tokens)
     bad_words: list[str] | None = None  # vLLM's: words the text never contains (spec_decode's bad_words)
 
@@ -83,9 +80,6 @@ class _Request(BaseModel):
         """400 for each field set to something we cannot do (the neutral values pass)."""
         if self.n != 1:
             raise OpenAIError(400, f"n {self.n}: this server returns one choice per request (n = 1)", "n")
-        for name in _SHARED_WITH_TENSORRT_LLM:  # spec_decode's rule for its inputs of the same name
-            if (why := refusal(name, [getattr(self, name)])) is not None:
-                raise OpenAIError(400, why, name)
         if self.logit_bias:
             raise OpenAIError(400, "logit_bias is not supported by this server", "logit_bias")
         if self.stream_options is not None and not self.stream:
@@ -107,6 +101,7 @@ class _Request(BaseModel):
             apply_chat_template=apply_chat_template,
             end_id=-1 if self.ignore_eos else None,
             min_tokens=self.min_tokens or None,
+            penalties=Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty),
         )
 
     @property

@@ -123,6 +123,10 @@ class BLSLanguageModel(BLSModel):
             ]
             if seed is not None:
                 inputs.append(pb.Tensor("seed", np.array([seed], dtype=np.int64)))
+        if not sampling.penalties.neutral:
+            p = sampling.penalties
+            inputs += [pb.Tensor(f"{name}_penalty", np.array([v], dtype=np.float32))
+                       for name, v in (("repetition", p.repetition), ("presence", p.presence), ("frequency", p.frequency))]
         ids, probs = self._exec(inputs, ["draft_ids", "draft_probs"])
         expected_q = (0 if sampling.greedy else k, self._vocab)
         if ids.shape != (k,) or probs.shape != expected_q:
@@ -231,8 +235,10 @@ class BLSSession(RemoteSequence):
         self._tokens = tokens  # only once the model holds them
         return out
 
-    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
-        """Draft ``k`` tokens in ONE call (the draft model runs the drafting steps itself)."""
+    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None,
+                text: Sequence[int] = ()) -> Proposal:
+        """Draft ``k`` tokens in ONE call (the draft model runs the drafting steps itself, and counts
+        the penalties over the whole sequence it is sent: ``text`` is not needed)."""
         tokens = self._extend(token_ids, k - 1)
         proposal = self._model.call_propose(self.session_id, tokens, k, sampling, seed)
         self._tokens = tokens + list(proposal.tokens[: k - 1])  # what the model's cache now holds

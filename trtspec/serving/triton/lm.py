@@ -40,7 +40,7 @@ from trtspec.errors import InvalidRequestError, one_line
 from trtspec.serving import statusfile
 from trtspec.serving.sessions import SessionStore
 from trtspec.serving.triton import error_code, load_pb_utils, model_parameters
-from trtspec.decoding.types import SamplingParams
+from trtspec.decoding.types import Penalties, SamplingParams
 from trtspec.wire import LMParams
 
 
@@ -224,8 +224,11 @@ class TritonPythonModel:
             v = _scalar(self.pb, request, name, required=False)
             return default if v is None else v
 
+        penalties = Penalties(float(opt("repetition_penalty", 1.0)), float(opt("presence_penalty", 0.0)),
+                              float(opt("frequency_penalty", 0.0)))
         sampling = SamplingParams(
-            temperature=float(opt("temperature", 0.0)), top_k=int(opt("top_k", 0)), top_p=float(opt("top_p", 1.0))
+            temperature=float(opt("temperature", 0.0)), top_k=int(opt("top_k", 0)), top_p=float(opt("top_p", 1.0)),
+            penalties=penalties,
         )
         sampling.validate()
         return sampling

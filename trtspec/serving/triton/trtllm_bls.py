@@ -132,7 +132,8 @@ class TrtllmSession(RemoteSequence):
             "(spec_decode drives it through propose/verify)"
         )
 
-    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None) -> Proposal:
+    def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None,
+                text: Sequence[int] = ()) -> Proposal:
         """``k`` draft tokens after the sequence, in one engine request: always the draft's greedy
         choices. The target keeps a draft when it equals its own sample there (token matching), which
         the draft's most likely token does most often; how drafts are chosen never changes the output."""
