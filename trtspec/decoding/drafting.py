@@ -63,23 +63,24 @@ def propose_locally(
         if not sampling.penalties.neutral:
             rules = LogitRules(penalties=sampling.penalties, context=tuple(text) + tuple(tokens))
             logits = rules.apply(logits, sampling.temperature)
-        tokens.append(_draw(logits, sampling, generator, session.num_cached, q_rows))
+        tok, q = _draw(logits, sampling, generator, session.num_cached)
+        tokens.append(tok)
+        q_rows += [] if q is None else [q]
         if i < k - 1:
             logits = session.forward([tokens[-1]], 1)
     return Proposal(tokens=tuple(tokens), q=torch.stack(q_rows) if q_rows else None)
 
 
-def _draw(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None, position: int,
-          q_rows: list[torch.Tensor]) -> int:
-    """The draft token from ``logits`` [1, vocab]: greedy, its argmax; else a draw from ``q``, the
-    warped logits, which joins ``q_rows``."""
+def _draw(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+          position: int) -> tuple[int, torch.Tensor | None]:
+    """The draft token from ``logits`` [1, vocab] and the distribution ``q`` [vocab] it was drawn
+    from: greedy, the argmax (no ``q``); else a draw from the warped logits."""
     if sampling.greedy:
-        return int(logits[0].argmax())
+        return int(logits[0].argmax()), None
     q = warp_probs(logits, sampling)[0]  # [vocab]
-    q_rows.append(q)
     if sampling.exact and sampling.seed is not None:  # the target's position-keyed draw, from q
-        return draw_at(q, sampling.seed, position)
-    return sample(q, generator)
+        return draw_at(q, sampling.seed, position), q
+    return sample(q, generator), q
 
 
 def propose(

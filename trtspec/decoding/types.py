@@ -27,8 +27,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -49,11 +50,21 @@ class Penalties:
 
     @property
     def neutral(self) -> bool:
-        return self.repetition == 1.0 and self.presence == 0.0 and self.frequency == 0.0
+        return self == Penalties()
+
+    def inputs(self) -> dict[str, float]:
+        """The penalties under their input names (TensorRT-LLM's, on every interface of ours)."""
+        return {"repetition_penalty": self.repetition, "presence_penalty": self.presence,
+                "frequency_penalty": self.frequency}
+
+    @classmethod
+    def from_inputs(cls, value: Callable[[str], Any]) -> Penalties:
+        """From the inputs ``value(name)`` (None: not sent, the neutral value)."""
+        neutral = cls().inputs()
+        return cls(*(neutral[name] if (v := value(name)) is None else float(v) for name in neutral))
 
     def validate(self) -> None:
-        for name, v in (("repetition_penalty", self.repetition), ("presence_penalty", self.presence),
-                        ("frequency_penalty", self.frequency)):
+        for name, v in self.inputs().items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise InvalidRequestError(f"{name} must be a finite number, got {v!r}")
         if self.repetition <= 0:

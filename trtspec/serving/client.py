@@ -77,8 +77,7 @@ class GenerateParams:
             if getattr(self, name):
                 out[name] = list(getattr(self, name))
         if not self.penalties.neutral:
-            p = self.penalties
-            out.update(repetition_penalty=p.repetition, presence_penalty=p.presence, frequency_penalty=p.frequency)
+            out.update(self.penalties.inputs())
         return out
 
 

@@ -159,7 +159,7 @@ def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
         top_p=1.0 if top_p is None else top_p,
         seed=seed,
         exact=default_exact if exact is None else exact,
-        penalties=_penalties(get),
+        penalties=Penalties.from_inputs(lambda name: _float(get, name)),
     )
     sampling.validate()
     return sampling
@@ -188,13 +188,6 @@ def _min_tokens(get: Lookup, max_tokens: int) -> int:
     if not 0 <= value <= max_tokens:
         raise InvalidRequestError(f"{name} must be >= 0 and <= max_tokens ({max_tokens}), got {_short(value)}")
     return value
-
-
-def _penalties(get: Lookup) -> Penalties:
-    """``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` (:class:`Penalties`)."""
-    given = {name: v for name in ("repetition", "presence", "frequency")
-             if (v := _float(get, f"{name}_penalty")) is not None}
-    return Penalties(**given)
 
 
 def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, int | None]:

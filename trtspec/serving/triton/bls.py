@@ -124,9 +124,8 @@ class BLSLanguageModel(BLSModel):
             if seed is not None:
                 inputs.append(pb.Tensor("seed", np.array([seed], dtype=np.int64)))
         if not sampling.penalties.neutral:
-            p = sampling.penalties
-            inputs += [pb.Tensor(f"{name}_penalty", np.array([v], dtype=np.float32))
-                       for name, v in (("repetition", p.repetition), ("presence", p.presence), ("frequency", p.frequency))]
+            penalties = sampling.penalties.inputs().items()
+            inputs += [pb.Tensor(name, np.array([v], dtype=np.float32)) for name, v in penalties]
         ids, probs = self._exec(inputs, ["draft_ids", "draft_probs"])
         expected_q = (0 if sampling.greedy else k, self._vocab)
         if ids.shape != (k,) or probs.shape != expected_q:

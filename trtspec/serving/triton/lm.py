@@ -224,11 +224,9 @@ class TritonPythonModel:
             v = _scalar(self.pb, request, name, required=False)
             return default if v is None else v
 
-        penalties = Penalties(float(opt("repetition_penalty", 1.0)), float(opt("presence_penalty", 0.0)),
-                              float(opt("frequency_penalty", 0.0)))
         sampling = SamplingParams(
             temperature=float(opt("temperature", 0.0)), top_k=int(opt("top_k", 0)), top_p=float(opt("top_p", 1.0)),
-            penalties=penalties,
+            penalties=Penalties.from_inputs(lambda name: opt(name, None)),
         )
         sampling.validate()
         return sampling
