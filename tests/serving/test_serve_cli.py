@@ -14,26 +14,14 @@ import typer
 from typer.testing import CliRunner
 
 from trtspec.builder.repo import write_model_repo
-from trtspec.cli.client import generate_url
+from trtspec.cli.main import app
 from trtspec.serving.launcher import ServerError, find_tritonserver
 from trtspec.testing.serve import serve_process
 
 
 
-def _client_app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("generate")(generate_url)
-
-    @app.command("noop")
-    def _noop() -> None:  # a second command keeps "generate" a subcommand, as in the real CLI
-        pass
-
-    return app
-
-
 def test_generate_url_grpc_and_http_json(triton, reference):
     runner = CliRunner()
-    app = _client_app()
     ref = reference("The quick brown fox", 24)
     for url, extra in ((triton.endpoints.grpc, []), (triton.endpoints.http, ["--http"])):
         result = runner.invoke(app, ["generate", "--url", url, "--prompt", "The quick brown fox", "-n", "24", "--json", *extra])
@@ -43,15 +31,32 @@ def test_generate_url_grpc_and_http_json(triton, reference):
         assert out["protocol"] == ("http" if extra else "grpc") and out["num_draft_tokens"] > 0
 
 
+def test_generate_url_sends_the_penalties(triton, target_alone):
+    """``--repetition-penalty`` and the others reach spec_decode: the answer is the target alone's under them."""
+    from trtspec.decoding import FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
+
+    args = ["generate", "--url", triton.endpoints.grpc, "-p", "Numbers 0 1 2", "-n", "24", "--json"]
+    result = CliRunner().invoke(app, args + ["--repetition-penalty", "1.5", "--presence-penalty", "0.5",
+                                             "--frequency-penalty", "0.25"])
+    assert result.exit_code == 0, result.output
+    tok = target_alone.target.tokenizer
+    sampling = SamplingParams(penalties=Penalties(repetition=1.5, presence=0.5, frequency=0.25))
+    request = GenerationRequest(tuple(tok.encode_prompt("Numbers 0 1 2")),
+                                StopCriteria(24, eos_token_ids=tok.eos_token_ids()), sampling)
+    expected = target_alone.decoder().generate(request, FixedDraftLength(0)).token_ids
+    plain = json.loads(CliRunner().invoke(app, args).stdout)["output_ids"]
+    assert json.loads(result.stdout)["output_ids"] == expected != plain
+
+
 def test_generate_url_streams_text_then_stats(triton, reference):
-    result = CliRunner().invoke(_client_app(), ["generate", "--url", triton.endpoints.grpc, "-p", "Hello world", "-n", "16"])
+    result = CliRunner().invoke(app, ["generate", "--url", triton.endpoints.grpc, "-p", "Hello world", "-n", "16"])
     assert result.exit_code == 0
     assert result.stdout == reference("Hello world", 16).text + "\n"
     assert "[stats] 16 tokens" in result.stderr
 
 
 def test_generate_url_server_error_is_one_cli_error_line(triton):
-    result = CliRunner().invoke(_client_app(), ["generate", "--url", triton.endpoints.grpc, "-p", "x", "-n", "0"])
+    result = CliRunner().invoke(app, ["generate", "--url", triton.endpoints.grpc, "-p", "x", "-n", "0"])
     assert result.exit_code == 1
     assert result.stderr.strip() == "error: max_tokens must be > 0, got 0"
 
@@ -60,13 +65,13 @@ def test_generate_url_without_a_server_is_a_clear_error(tmp_path):
     from trtspec.serving.launcher import free_port
 
     port = free_port()
-    result = CliRunner().invoke(_client_app(), ["generate", "--url", f"127.0.0.1:{port}", "--http", "-p", "x"])
+    result = CliRunner().invoke(app, ["generate", "--url", f"127.0.0.1:{port}", "--http", "-p", "x"])
     assert result.exit_code == 1 and result.stderr.startswith(f"error: cannot reach 127.0.0.1:{port}")
 
 
 def test_generate_url_on_the_grpc_port_with_http_is_one_clear_line(triton):
     grpc = triton.endpoints.grpc
-    result = CliRunner().invoke(_client_app(), ["generate", "--url", grpc, "--http", "-p", "x", "-n", "2"])
+    result = CliRunner().invoke(app, ["generate", "--url", grpc, "--http", "-p", "x", "-n", "2"])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception  # not a traceback
     assert result.stderr.startswith(f"error: {grpc} did not answer in HTTP (")
     assert result.stderr.endswith("); is it Triton's HTTP port?\n") and result.stderr.count("\n") == 1
@@ -82,7 +87,7 @@ def test_generate_url_on_a_port_that_speaks_http_1_says_why_grpc_failed():
                              max_tokens_limit=16, tokenizer=None)
     with OpenAIServer(settings.triton_grpc, settings=settings) as web:
         url = web.url.removeprefix("http://")
-        result = CliRunner().invoke(_client_app(), ["generate", "--url", url, "-p", "x", "-n", "2"])
+        result = CliRunner().invoke(app, ["generate", "--url", url, "-p", "x", "-n", "2"])
     assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "http1.x server" in result.stderr and "no longer in valid state" not in result.stderr, result.stderr
 
@@ -145,9 +150,9 @@ def test_serve_exits_non_zero_when_tritonserver_dies_under_it(target_only_repo, 
 def _serve(*args: str):
     from trtspec.cli.serve import serve
 
-    app = typer.Typer()
-    app.command()(serve)
-    return CliRunner().invoke(app, list(args))
+    serve_app = typer.Typer()
+    serve_app.command()(serve)
+    return CliRunner().invoke(serve_app, list(args))
 
 
 def test_serve_refuses_a_directory_that_is_not_a_model_repository(tmp_path):

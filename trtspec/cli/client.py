@@ -1,18 +1,14 @@
 """The client half of ``trtspec generate``: ``--url HOST:PORT [--http]`` against a running server.
 
-:func:`remote_generate` is the body ``generate`` calls when given ``--url``;
-:func:`generate_url` is the same as a stand-alone command.
+:func:`remote_generate` is the body ``generate`` calls when given ``--url``.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Annotated
 
-import typer
-
-from trtspec.cli.common import JsonOpt, domain_errors, log, print_json
+from trtspec.cli.common import domain_errors, log, print_json
 from trtspec.decoding.types import Penalties
 
 
@@ -78,33 +74,4 @@ def remote_generate(
         "[stats] "
         f"{result.num_output_tokens} tokens in {result.total_s:.2f}s ({result.tokens_per_s:.1f} tok/s), "
         f"TTFT {ttft}, acceptance {rate}, finish={result.finish_reason} ({result.protocol})"
-    )
-
-
-def generate_url(
-    url: Annotated[str, typer.Option("--url", help="Server address HOST:PORT (gRPC port, or HTTP port with --http).")],
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Prompt text.")],
-    http: Annotated[bool, typer.Option("--http", help="Use Triton's HTTP generate endpoints instead of gRPC.")] = False,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 128,
-    speculation: Annotated[str, typer.Option("--speculation", help="auto | on | off")] = "auto",
-    temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="0 disables top-k.")] = 0,
-    seed: Annotated[int | None, typer.Option("--seed")] = None,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Generate text for one prompt on a running trtspec server."""
-    remote_generate(
-        url=url,
-        prompt=prompt,
-        http=http,
-        max_tokens=max_tokens,
-        speculation=speculation,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        stop=stop,
-        json_out=json_out,
     )
