@@ -162,6 +162,9 @@ LM_INPUTS = (
     TensorSpec("top_k", "TYPE_INT32", (1,), True, "with num_draft: 0 (default) disables top-k"),
     TensorSpec("top_p", "TYPE_FP32", (1,), True, "with num_draft: 1.0 (default) disables nucleus sampling"),
     TensorSpec("seed", "TYPE_INT64", (1,), True, "with num_draft, sampling: seed of the draft's generator"),
+    TensorSpec("exact_seed", "TYPE_UINT64", (1,), True,
+               "with num_draft, sampling in exact mode: the request's seed; each draft is drawn with the noise "
+               "the target's draw at its position uses (docs/runtime.md), instead of from the generator"),
     TensorSpec("repetition_penalty", "TYPE_FP32", (1,), True, "with num_draft: the request's penalties over the "
                "whole sequence and the drafts before, as the target applies them (1.0, 0, 0: none)"),
     TensorSpec("presence_penalty", "TYPE_FP32", (1,), True, "with num_draft: as repetition_penalty"),

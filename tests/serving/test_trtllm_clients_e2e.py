@@ -31,7 +31,7 @@ def prepare_inputs(**values) -> list:
               "return_generation_logits": bool, "return_perf_metrics": bool, "return_num_input_tokens": bool,
               "return_num_output_tokens": bool, "num_draft_tokens": np.int32, "use_draft_logits": bool,
               "num_return_sequences": np.int32, "exclude_input_in_output": bool, "bad_words": object,
-              "stop_words": object, "lora_task_id": np.uint64, "image_url_input": object}
+              "stop_words": object, "lora_task_id": np.uint64, "image_url_input": object, "exact": bool}
     inputs = []
     for name, value in values.items():
         arr = np.array([value] if isinstance(value, list) else [[value]], dtype=dtypes[name])
@@ -145,6 +145,18 @@ def test_penalties_have_tensorrt_llms_meaning_speculating(triton, reference, tar
     assert scalar(final, "acceptance_rate") >= scalar(plain, "acceptance_rate") - 0.02
     _, off, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, num_draft_tokens=0, **values)
     assert off["output_ids"].reshape(-1).tolist() == ids
+
+
+def test_exact_sampling_drafts_with_the_targets_position_keyed_draws(triton):
+    """In exact mode the draft model draws each draft with the noise the target's draw at that position uses
+    (the request's seed travels as exact_seed), so a draft close to the target mostly matches its draws."""
+    drafted = accepted = 0
+    for seed in (1, 2**63 + 5, 2**64 - 1):  # the last two: beyond INT64
+        _, final, _ = send(triton, text_input=PROMPT, max_tokens=32, stream=False, temperature=0.9, seed=seed,
+                           exact=True)
+        drafted += scalar(final, "total_draft_tokens")
+        accepted += scalar(final, "total_accepted_draft_tokens")
+    assert drafted > 0 and accepted / drafted > 0.6  # 72/94 here; with the generator's draws, 7/385
 
 
 def test_num_draft_tokens_zero_is_no_speculation(triton, reference):

@@ -60,7 +60,8 @@ class DraftProposer(Protocol):
     (:func:`trtspec.decoding.drafting.propose_locally`). A remote draft implements
     it to save ``k - 1`` round trips; it must give the same proposal the local
     procedure would (greedy: token for token; sampling: the same distribution,
-    drawn from a generator seeded with ``seed``), and leave its cache holding
+    drawn from a generator seeded with ``seed``, or in exact mode with the
+    request's seed the same position-keyed draws), and leave its cache holding
     ``token_ids`` (appended) plus the first ``m - 1`` of the ``m`` proposed tokens.
     ``m`` is ``k``, or less (at least 1) when the draft stopped early (an engine that
     ended the sequence); ``q`` then has ``m`` rows. The loop checks the ``m`` it got.

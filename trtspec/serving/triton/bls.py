@@ -121,7 +121,9 @@ class BLSLanguageModel(BLSModel):
                 pb.Tensor("top_k", np.array([sampling.top_k], dtype=np.int32)),
                 pb.Tensor("top_p", np.array([sampling.top_p], dtype=np.float32)),
             ]
-            if seed is not None:
+            if sampling.exact and sampling.seed is not None:  # the target's position-keyed draws
+                inputs.append(pb.Tensor("exact_seed", np.array([sampling.seed], dtype=np.uint64)))
+            elif seed is not None:
                 inputs.append(pb.Tensor("seed", np.array([seed], dtype=np.int64)))
         if not sampling.penalties.neutral:
             penalties = sampling.penalties.inputs().items()

@@ -224,8 +224,10 @@ class TritonPythonModel:
             v = _scalar(self.pb, request, name, required=False)
             return default if v is None else v
 
+        exact_seed = opt("exact_seed", None)
         sampling = SamplingParams(
             temperature=float(opt("temperature", 0.0)), top_k=int(opt("top_k", 0)), top_p=float(opt("top_p", 1.0)),
+            seed=None if exact_seed is None else int(exact_seed), exact=exact_seed is not None,
             penalties=Penalties.from_inputs(lambda name: opt(name, None)),
         )
         sampling.validate()
