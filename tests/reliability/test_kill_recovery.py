@@ -37,6 +37,11 @@ def test_killing_the_draft_stub_costs_no_request_and_speculation_resumes(server,
     warm = generate_grpc(grpc, PROMPTS[0], GenerateParams(max_tokens=40))
     assert warm.num_draft_tokens > 0
     (old,) = stubs.stub_pids(server.pid)["draft"]
+    # The precondition of "it does not answer" below: no draft call in flight at the kill. The warm request's
+    # session release goes to the draft after its answer, and while spec_decode's status (written each
+    # second) shows a call in flight, the status vouches for the draft instead of probing it.
+    wait_for(lambda: not collect_status(server.endpoints.http, server.status_dir)["models"]["draft"].get("busy"),
+             10, "the draft idle")
 
     # Target-only traffic all along: the draft's death and reload must not hold it up
     # (pb_utils.load_model would: it stalls every BLS call of spec_decode while the load runs).
