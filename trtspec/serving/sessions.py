@@ -110,7 +110,7 @@ class SessionStore:
         entry, keep = self._sync(session_id, ids, n - 1)  # the last token is fed for the first logits
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         try:
-            proposal = propose_locally(entry.session, ids[keep:].tolist(), k, sampling, gen, ids.tolist())
+            proposal = propose_locally(entry.session, ids[keep:].tolist(), k, sampling, gen, ids)
         except Exception:
             self._drop(session_id)
             raise
