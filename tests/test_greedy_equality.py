@@ -92,6 +92,30 @@ def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, t
     assert changed >= len(TINY_PROMPTS) - 1
 
 
+@pytest.mark.parametrize("k", [0, 3, 5])
+@pytest.mark.parametrize("repetition", [1.0, 1.8])
+def test_logprobs_match_transformers_scores(tiny_pair, tiny_target, k, repetition):
+    """Each token's log-probability: the log-softmax of transformers' own scores at that step (its
+    ``output_scores``, after its repetition penalty) is the reference."""
+    from transformers import AutoModelForCausalLM
+
+    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    for text in TINY_PROMPTS:
+        ids = tok.encode_prompt(text)
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             repetition_penalty=repetition, output_scores=True, return_dict_in_generate=True)
+        ref_ids = ref.sequences[0, len(ids):].tolist()
+        ref_lp = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(ref.scores, ref_ids)]
+        r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(penalties=Penalties(repetition=repetition)),
+                              logprobs=True)
+        out = dec.generate(r, FixedDraftLength(k))
+        assert out.token_ids == ref_ids, text
+        assert out.logprobs == pytest.approx(ref_lp, abs=1e-4), text
+        if k:
+            assert out.stats.drafted_tokens > 0
+
+
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 8])
 def test_tiny_models_match_transformers_greedy(tiny_pair, tiny_target, k):
     tok = tiny_pair.target.tokenizer

@@ -259,6 +259,49 @@ def test_sampled_output_under_penalties_follows_the_penalised_target(exact):
     assert (expected.view(vocab, -1).sum(-1) - plain).abs().max() > 0.05  # the penalties moved the first token
 
 
+LOGPROB_CASES = [SamplingParams(), SamplingParams(penalties=Penalties(repetition=1.6, presence=0.5)),
+                 SamplingParams(0.8, top_k=8, top_p=0.9, seed=3), SamplingParams(0.8, top_p=0.9, seed=3, exact=True)]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+@pytest.mark.parametrize("sampling", LOGPROB_CASES, ids=["greedy", "penalties", "sampled", "exact"])
+def test_logprobs_are_each_tokens_log_probability_in_the_row_it_was_chosen_from(k, sampling):
+    """Worked out by hand from the bigram table: greedy, the log-softmax of the (penalised) row; sampling,
+    the log of the row's probability after temperature, top-k and top-p."""
+    from trtspec.decoding.acceptance import warp_probs
+
+    target = BigramLM.random(V, seed=5)
+    draft = BigramLM(target.table + 0.5 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+    prompt = (4, 9, 4)
+    r = dataclasses.replace(req(prompt=prompt, max_new=30), sampling=sampling, logprobs=True)
+    gen = SpeculativeDecoder(target, draft).stream(r, FixedDraftLength(k))
+    chunks = list(gen)
+    out = gen.result
+    expected, text = [], list(prompt)
+    for t in out.token_ids:
+        row = _penalised(target.table[text[-1]].clone(), text, sampling.penalties)
+        logp = torch.log_softmax(row, -1) if sampling.greedy else torch.log(warp_probs(row[None], sampling)[0])
+        expected.append(float(logp[t]))
+        text.append(t)
+    assert out.logprobs == pytest.approx(expected, abs=1e-5)
+    assert [x for c in chunks for x in c.logprobs] == out.logprobs
+    assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+    if k:
+        assert out.stats.accepted_tokens > 0
+
+
+def test_logprobs_are_none_unless_asked_and_speculation_does_not_change_them():
+    target, draft = BigramLM.random(V, seed=5), BigramLM.random(V, seed=6)
+    r = req(prompt=(1, 2), max_new=25)
+    assert SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(3)).logprobs is None
+    asked = dataclasses.replace(r, logprobs=True)
+    alone = target_alone(target, asked)
+    spec = SpeculativeDecoder(target, draft).generate(asked, FixedDraftLength(3))
+    assert spec.token_ids == alone.token_ids and spec.logprobs == alone.logprobs
+    assert len(spec.logprobs) == len(spec.token_ids) and all(x <= 0 for x in spec.logprobs)
+    assert spec.to_dict()["logprobs"] == spec.logprobs
+
+
 def test_stop_string_cuts_text_and_tokens():
     target, draft = BigramLM.cycle(V), BigramLM.cycle(V)
     dec = SpeculativeDecoder(target, draft, detokenizer=CharDetokenizer())
@@ -540,11 +583,13 @@ def test_sampled_output_under_min_new_tokens_follows_the_target_without_the_bann
 def test_min_new_tokens_is_refused_by_a_target_that_decides_acceptance_in_its_engine():
     target = _MatchingTarget(BigramLM.random(V, seed=4))
     r = req(prompt=(2, 7), max_new=30, eos_token_ids=frozenset({5}), min_new_tokens=4)
-    with pytest.raises(InvalidRequestError, match="min_tokens, bad_words and the penalties need the target's logits"):
+    with pytest.raises(InvalidRequestError, match="min_tokens, bad_words, the penalties and log-probabilities need"):
         SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
-    r = dataclasses.replace(req(prompt=(2, 7), max_new=30), sampling=SamplingParams(penalties=Penalties(repetition=1.2)))
-    with pytest.raises(InvalidRequestError, match="the penalties need the target's logits"):
-        SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
+    plain = req(prompt=(2, 7), max_new=30)
+    for r in (dataclasses.replace(plain, sampling=SamplingParams(penalties=Penalties(repetition=1.2))),
+              dataclasses.replace(plain, logprobs=True)):
+        with pytest.raises(InvalidRequestError, match="need the target's logits"):
+            SpeculativeDecoder(target, BigramLM.random(V, seed=4)).generate(r, FixedDraftLength(3))
 
 
 def test_sampling_is_deterministic_under_a_seed():

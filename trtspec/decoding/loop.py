@@ -145,6 +145,7 @@ class Generation(Iterator[StreamChunk]):
         self.stats = SpecStats(prompt_tokens=len(request.prompt_ids))
         self.draft_error: BaseException | None = None  # the last draft failure
         self._late_drafts = 0
+        self._logprobs: list[float] | None = [] if request.logprobs else None  # of the emitted tokens
         seed = request.sampling.seed
         self._generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self._checker = StopChecker(request.stop, decoder.detokenizer)
@@ -172,6 +173,7 @@ class Generation(Iterator[StreamChunk]):
             text=self._checker.text(),
             finish_reason=self._checker.finish_reason,
             stats=self.stats,
+            logprobs=None if self._logprobs is None else list(self._logprobs),
         )
 
     # -- the loop ---------------------------------------------------------
@@ -210,7 +212,10 @@ class Generation(Iterator[StreamChunk]):
                 if self.stats.time_to_first_token_s is None:
                     self.stats.time_to_first_token_s = clock() - started
                 self.stats.total_time_s = clock() - started
-                yield StreamChunk(tuple(emitted), self._checker.take_new_text())
+                logprobs = step.verdict.logprobs[: len(emitted)]
+                if self._logprobs is not None:
+                    self._logprobs.extend(logprobs)
+                yield StreamChunk(tuple(emitted), self._checker.take_new_text(), logprobs)
                 if self._checker.done:
                     break  # exit: EOS / stop token / stop string / max new tokens
             tail = self._checker.take_new_text()
@@ -259,7 +264,8 @@ class Generation(Iterator[StreamChunk]):
         t1 = clock()
         # A drafter may propose fewer than k tokens (an engine at its end id): k is what it sent.
         rules = self.request.rules(tokens, len(self._checker.token_ids), proposal.tokens)
-        verdict = verify(target, tokens[target.num_cached :], proposal, sp, self._generator, rules)
+        verdict = verify(target, tokens[target.num_cached :], proposal, sp, self._generator, rules,
+                         self.request.logprobs)
         name = drafter.name if drafter is not None and k > 0 else ""
         return _Step(proposal.tokens, verdict, t1 - t0, clock() - t1, draft_failed, name)
 

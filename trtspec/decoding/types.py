@@ -196,6 +196,10 @@ class GenerationRequest:
     # Token sequences the text never contains (TensorRT-LLM's bad_words): after the rest of one, its last
     # token is never chosen (a one-token word: never). Prompt included, as transformers' bad_words_ids.
     bad_words: tuple[tuple[int, ...], ...] = ()
+    # Report each emitted token's log-probability (TensorRT-LLM's return_log_probs): in the distribution
+    # the target chose it from (greedy: its logits after the rules above; sampling: after temperature,
+    # top-k and top-p), the same with speculation on or off.
+    logprobs: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
         if len(self.prompt_ids) == 0:
@@ -392,6 +396,7 @@ class StreamChunk:
 
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[float, ...] = ()  # [len(token_ids)] when the request asked for them
 
 
 @dataclass
@@ -400,14 +405,18 @@ class GenerationResult:
     text: str  # decoded new tokens, stop string and special tokens excluded
     finish_reason: FinishReason
     stats: SpecStats
+    logprobs: list[float] | None = None  # [len(token_ids)]; None unless the request asked for them
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": list(self.token_ids),
             "finish_reason": self.finish_reason.value,
             "stats": self.stats.to_dict(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = list(self.logprobs)
+        return out
 
 
 def as_token_tuple(ids: Sequence[int]) -> tuple[int, ...]:

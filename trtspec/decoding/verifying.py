@@ -15,7 +15,9 @@ chosen: banned tokens at -inf, so the target's choice there is its choice among
 the others, drafts or none; penalties over the row's own text, drafts before it
 included. A greedy pass with rules reads the logits (not ``forward_argmax``); on a
 float32 target with an ``ArgmaxHead`` the two can break a near tie differently
-(docs/runtime.md).
+(docs/runtime.md). So does a greedy pass asked for log-probabilities (``logprobs``):
+each kept token's log-probability in the row it was chosen from (greedy: the
+log-softmax of the row's logits; sampling: the log of its warped probability).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class Verdict:
     # rejection traces: greedy, its argmax at all k positions; otherwise the accepted
     # drafts and then the correction token (what a sampler or an engine tells).
     target_tokens: tuple[int, ...]
+    # With logprobs asked: the log-probability of each of the accepted drafts and of next_token, in the
+    # row it was chosen from ([accepted + 1]); () otherwise.
+    logprobs: tuple[float, ...] = ()
 
 
 def verify(
@@ -51,9 +56,10 @@ def verify(
     sampling: SamplingParams,
     generator: torch.Generator | None,
     rules: LogitRules | None = None,
+    logprobs: bool = False,
 ) -> Verdict:
     """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide (``rules``: what
-    the request does to each row's logits first).
+    the request does to each row's logits first; ``logprobs``: report the kept tokens' log-probabilities).
 
     Afterwards the cache holds ``token_ids`` and the drafts, or (a
     ``DraftVerifier``) only the accepted ones; the caller truncates.
@@ -61,30 +67,41 @@ def verify(
     drafted = list(proposal.tokens)
     k = len(drafted)
     if isinstance(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
-        if rules is not None:
-            raise InvalidRequestError("min_tokens, bad_words and the penalties need the target's logits; this "
-                                      "target decides acceptance in its engine (TensorRT-LLM)")
+        if rules is not None or logprobs:
+            raise InvalidRequestError("min_tokens, bad_words, the penalties and log-probabilities need the "
+                                      "target's logits; this target decides acceptance in its engine (TensorRT-LLM)")
         seed = None if sampling.greedy else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = session.verify(token_ids, drafted, sampling, seed)
         return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
     fresh = list(token_ids) + drafted
     if sampling.greedy:
-        if rules is None:
+        if rules is None and not logprobs:
             choice = argmax_ids(session, fresh, k + 1)  # [k+1]
-        else:
-            choice = _logits(session, fresh, k, rules, sampling).argmax(dim=-1).tolist()
+            n_acc, nxt = greedy_accept(drafted, choice)
+            return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]))
+        logits = _logits(session, fresh, k, rules, sampling)  # [k+1, vocab]
+        choice = logits.argmax(dim=-1).tolist()
         n_acc, nxt = greedy_accept(drafted, choice)
-        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]))
+        lp = _kept_logprobs(torch.log_softmax(logits.float(), dim=-1), drafted, n_acc, nxt) if logprobs else ()
+        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]), lp)
     start = session.num_cached + len(token_ids)  # sequence position of the first token drawn
     p = warp_probs(_logits(session, fresh, k, rules, sampling), sampling)  # [k+1, vocab]
     if sampling.exact:  # position-keyed draws, token matching: the same output with speculation off
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,), generator=generator))
         n_acc, nxt = match_draws(drafted, p, seed, start)
-        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
-    q = proposal.q if proposal.q is not None else p.new_zeros((0, p.shape[1]))  # [k, vocab]
-    x = torch.tensor(drafted, dtype=torch.int64)  # [k]
-    n_acc, nxt, bonus = rejection_sample(x, q, p, generator)
-    return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()))
+        bonus = k > 0 and n_acc == k
+    else:
+        q = proposal.q if proposal.q is not None else p.new_zeros((0, p.shape[1]))  # [k, vocab]
+        x = torch.tensor(drafted, dtype=torch.int64)  # [k]
+        n_acc, nxt, bonus = rejection_sample(x, q, p, generator)
+    lp = _kept_logprobs(torch.log(p), drafted, n_acc, nxt) if logprobs else ()
+    return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()), lp)
+
+
+def _kept_logprobs(logp: torch.Tensor, drafted: list[int], n_acc: int, nxt: int) -> tuple[float, ...]:
+    """``logp [k+1, vocab]`` at the kept tokens: the accepted drafts (rows 0..n_acc-1), then ``nxt``."""
+    kept = torch.tensor(drafted[:n_acc] + [nxt], dtype=torch.int64)  # [n_acc + 1]
+    return tuple(logp[torch.arange(n_acc + 1), kept].tolist())
 
 
 def _logits(session: LMSession, fresh: list[int], k: int, rules: LogitRules | None,
