@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """What a request's logit rules cost: the demo pair on the built-in chat prompts, each request with
-no rule, with ``min_tokens = max_tokens`` (EOS held back) and with the penalties (``repetition_penalty``
-1.1, a chat UI's usual value), speculation on (k = 5) and off (k = 0), the order turning pass to pass.
-Rows under a rule read the target's logits instead of its argmax alone; under the penalties the draft,
-which knows nothing of them, is wrong more often; answers that would have ended early go on under
-``min_tokens``.
+no rule, with ``min_tokens = max_tokens`` (EOS held back), with the penalties (``repetition_penalty``
+1.1, a chat UI's usual value) and asking for each token's log-probability (``return_log_probs``),
+speculation on (k = 5) and off (k = 0), the order turning pass to pass. Rows under a rule read the
+target's logits instead of its argmax alone (served: a row of vocabulary floats from the target instead
+of one id); answers that would have ended early go on under ``min_tokens``.
 
     python scripts/bench_logit_rules.py                       # in-process, 8 prompts x 64 tokens, 2 passes
     python scripts/bench_logit_rules.py --url localhost:8001  # a running trtspec serve (gRPC), the same requests
@@ -22,7 +22,7 @@ from trtspec.bench.inprocess import cpu_name, write_json
 from trtspec.decoding.types import Penalties
 
 Totals = dict[str, float]
-RULES = ("none", "min_tokens", "penalties")
+RULES = ("none", "min_tokens", "penalties", "logprobs")
 PENALTIES = Penalties(repetition=1.1)
 
 
@@ -41,7 +41,7 @@ def in_process(prompts: list[str], max_tokens: int, passes: int) -> dict[tuple[s
         held = max_tokens if rule == "min_tokens" else 0
         stop = StopCriteria(max_tokens, eos_token_ids=tok.eos_token_ids(), min_new_tokens=held)
         sampling = SamplingParams(penalties=PENALTIES if rule == "penalties" else Penalties())
-        request = GenerationRequest(tuple(tok.encode_prompt(text)), stop, sampling)
+        request = GenerationRequest(tuple(tok.encode_prompt(text)), stop, sampling, logprobs=rule == "logprobs")
         r = dec.generate(request, FixedDraftLength(k))
         return len(r.token_ids), r.stats.total_time_s, r.stats.drafted_tokens, r.stats.accepted_tokens
 
@@ -54,7 +54,7 @@ def served(url: str, prompts: list[str], max_tokens: int, passes: int) -> dict[t
     def one(text: str, rule: str, k: int) -> tuple[int, float, int, int]:
         params = GenerateParams(max_tokens=max_tokens, min_tokens=max_tokens if rule == "min_tokens" else None,
                                 penalties=PENALTIES if rule == "penalties" else Penalties(),
-                                speculation="on" if k else "off")
+                                speculation="on" if k else "off", logprobs=rule == "logprobs")
         r = generate_grpc(url, text, params)
         return r.num_output_tokens, r.total_s, r.num_draft_tokens, r.num_accepted_tokens
 

@@ -99,7 +99,8 @@ SPEC_DECODE_INPUTS = (
     TensorSpec("min_tokens", "TYPE_INT32", (1,), True, "no EOS among the first this many tokens (0..max_tokens)"),
     TensorSpec("beam_width", "TYPE_INT32", (1,), True, "1 only"),
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), True, "1 only"),
-    TensorSpec("return_log_probs", "TYPE_BOOL", (1,), True, "false only"),
+    TensorSpec("return_log_probs", "TYPE_BOOL", (1,), True,
+               "true: output_log_probs and cum_log_probs sent (each token's log-probability; docs/serving.md)"),
     TensorSpec("return_context_logits", "TYPE_BOOL", (1,), True, "false only"),
     TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), True, "false only"),
     TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), True, "accepted; the draft counts are always sent"),
@@ -133,14 +134,17 @@ SPEC_DECODE_OUTPUTS = (
     TensorSpec("num_draft_tokens", "TYPE_INT32", (1,), doc="final response: drafted tokens"),
     TensorSpec("num_accepted_tokens", "TYPE_INT32", (1,), doc="final response: accepted drafted tokens"),
     TensorSpec("acceptance_rate", "TYPE_FP32", (1,), doc="final response: accepted / drafted (0 when nothing was drafted)"),
-    TensorSpec("output_ids", "TYPE_INT64", (-1,), doc="final response: the emitted token ids"),
+    TensorSpec("output_ids", "TYPE_INT64", (-1,), doc="final response: the emitted token ids (streamed with "
+               "return_log_probs, each response's own too)"),
     # TensorRT-LLM's names, for its clients
     TensorSpec("total_draft_tokens", "TYPE_INT32", (1,), doc="final response: num_draft_tokens"),
     TensorSpec("total_accepted_draft_tokens", "TYPE_INT32", (1,), doc="final response: num_accepted_tokens"),
     TensorSpec("batch_index", "TYPE_INT32", (1,), doc="every response: 0 (one prompt per request)"),
     TensorSpec("sequence_index", "TYPE_INT32", (1,), doc="every response: 0 (one sequence per request)"),
-    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,), doc="never sent (return_log_probs is refused); declared for clients that name it"),
-    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1), doc="never sent, as cum_log_probs"),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,), doc="final response, with return_log_probs: the sum of output_log_probs"),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1),
+               doc="with return_log_probs ([1, 1, n]): each output token's log-probability; streamed, a response's "
+                   "own tokens (output_ids beside them), the final response the whole output's"),
 )
 
 # Outputs every response carries (the others: the final response only, or never).

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from typer.testing import CliRunner
 
 from trtspec.cli.main import app
@@ -66,6 +68,21 @@ def test_generate_penalties_are_the_target_alones_under_the_same_penalties(tiny_
                                   FixedDraftLength(0))
     plain = pair.decoder().generate(GenerationRequest(ids, StopCriteria(24)), FixedDraftLength(0))
     assert out["token_ids"] == ref.token_ids != plain.token_ids and out["stats"]["drafted_tokens"] > 0
+
+
+def test_generate_logprobs_are_the_target_alones_speculating(tiny_target, tiny_draft):
+    args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt", "Numbers 0 1 2",
+            "--max-tokens", "20", "--k", "3", "--logprobs"]
+    out = json.loads(runner.invoke(app, args + ["--json"]).stdout)
+    pair = load_pair(tiny_target, None)
+    ids = tuple(pair.target.tokenizer.encode_prompt("Numbers 0 1 2"))
+    ref = pair.decoder().generate(GenerationRequest(ids, StopCriteria(20), logprobs=True), FixedDraftLength(0))
+    assert out["token_ids"] == ref.token_ids and out["stats"]["drafted_tokens"] > 0
+    assert out["logprobs"] == pytest.approx(ref.logprobs, abs=1e-4)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert float(re.search(r"logprob sum (-?[0-9.]+) \(mean", res.stderr).group(1)) == pytest.approx(sum(ref.logprobs), abs=2e-3)
+    assert "logprobs" not in json.loads(runner.invoke(app, args[:-1] + ["--json"]).stdout)
 
 
 def test_generate_with_a_free_drafter_needs_no_draft_model(tiny_target):

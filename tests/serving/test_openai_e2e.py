@@ -132,6 +132,46 @@ def test_penalties_are_spec_decodes_and_change_the_answer(served, client, stream
     assert text == expected != plain.text
 
 
+def _target_logprobs(http: str, prompt: str, max_tokens: int, templated: bool):
+    """Triton's generate endpoint asked for return_log_probs: the token ids and their log-probabilities."""
+    params = GenerateParams(max_tokens=max_tokens, temperature=0.0, apply_chat_template=templated, logprobs=True)
+    r = generate_http(http, prompt, params)
+    assert r.logprobs is not None and len(r.logprobs) == len(r.output_ids) > 0
+    return r.output_ids, r.logprobs
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_are_spec_decodes_with_each_tokens_text(served, client, tiny_target, stream):
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    ids, expected = _target_logprobs(served[0].endpoints.http, PROMPT, 20, templated=True)
+    r = client.chat.completions.create(model="spec_decode", messages=[{"role": "user", "content": PROMPT}],
+                                       max_tokens=20, temperature=0, logprobs=True, top_logprobs=0, stream=stream)
+    content = [e for c in r if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content] \
+        if stream else r.choices[0].logprobs.content
+    texts = Tokenizer.from_dir(tiny_target).token_texts(ids)
+    assert [e.token for e in content] == texts
+    assert [e.logprob for e in content] == pytest.approx(expected, abs=1e-6)
+    assert all(e.bytes == list(e.token.encode()) and e.top_logprobs == [] for e in content)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_logprobs_zero_are_the_chosen_tokens(served, client, tiny_target, stream):
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    ids, expected = _target_logprobs(served[0].endpoints.http, PROMPT, 16, templated=False)
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=0,
+                                  stream=stream)
+    choices = [c.choices[0] for c in r] if stream else r.choices
+    tokens = [t for c in choices if c.logprobs for t in c.logprobs.tokens]
+    logprobs = [x for c in choices if c.logprobs for x in c.logprobs.token_logprobs]
+    offsets = [x for c in choices if c.logprobs for x in c.logprobs.text_offset]
+    assert tokens == Tokenizer.from_dir(tiny_target).token_texts(ids) and logprobs == pytest.approx(expected, abs=1e-6)
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    plain = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def test_stream_ends_with_done_over_raw_http(served):
     body = json.dumps({"model": "spec_decode", "prompt": PROMPT, "max_tokens": 8, "stream": True}).encode()
     req = urllib.request.Request(f"{served[1].url}/v1/completions", data=body,
@@ -196,6 +236,7 @@ def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
     (dict(presence_penalty=2.5), 400, "presence_penalty"),  # OpenAI's range: -2..2
     (dict(extra_body={"min_tokens": 8}), 400, "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(extra_body={"repetition_penalty": 0}), 400, "repetition_penalty"),
+    (dict(logprobs=3), 400, "logprobs 3: this server returns the chosen token's log-probability only"),
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
     args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}

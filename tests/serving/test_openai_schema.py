@@ -50,7 +50,7 @@ def test_max_completion_tokens_wins_over_max_tokens():
 
 @pytest.mark.parametrize(("request_", "param"), [
     (lambda: chat(n=3), "n"),
-    (lambda: chat(logprobs=True), "logprobs"),
+    (lambda: CompletionRequest(model="m", prompt="a", logprobs=2), "logprobs"),  # the top 2 besides the token
     (lambda: chat(tools=[{"type": "function"}]), "tools"),
     (lambda: chat(response_format={"type": "json_object"}), "response_format"),
     (lambda: chat(stream_options={"include_usage": True}), "stream_options"),  # without stream
@@ -67,6 +67,13 @@ def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
     with pytest.raises(OpenAIError) as info:
         request_().refuse_unsupported()
     assert info.value.status == 400 and info.value.param == param and "\n" not in info.value.message
+
+
+def test_logprobs_of_the_chosen_tokens_are_asked_of_spec_decode():
+    assert chat(logprobs=True, top_logprobs=0).params(8, 300, apply_chat_template=False).fields()["return_log_probs"]
+    assert CompletionRequest(model="m", prompt="a", logprobs=0).params(8, 300, False).logprobs
+    assert "return_log_probs" not in chat().params(8, 300, apply_chat_template=False).fields()
+    assert not CompletionRequest(model="m", prompt="a").wants_logprobs
 
 
 def test_neutral_values_of_unsupported_fields_pass():

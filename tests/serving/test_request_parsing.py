@@ -137,7 +137,7 @@ def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():
 
 @pytest.mark.parametrize(("values", "message"), [
     (dict(beam_width=np.array([[4]], dtype=np.int32)), "beam_width 4: trtspec decodes one beam (only 1)"),
-    (dict(return_log_probs=True), "return_log_probs True: trtspec does not support return_log_probs (only False)"),
+    (dict(return_context_logits=True), "return_context_logits True: trtspec does not support return_context_logits"),
     (dict(repetition_penalty=np.array([[0.0]], dtype=np.float32)), "repetition_penalty must be > 0, got 0.0"),
     (dict(presence_penalty=float("nan")), "input 'presence_penalty' must be finite, got nan"),
     (dict(frequency_penalty="high"), "input 'frequency_penalty' must be a number, got "),
@@ -165,6 +165,7 @@ def test_tensorrt_llm_inputs_at_their_neutral_values_pass_and_the_honoured_ones_
     assert parse(text_input="x", max_tokens=1, num_draft_tokens=0).speculation is Speculation.OFF
     streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
     assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens
+    assert not r.logprobs and parse(text_input="x", max_tokens=1, return_log_probs=np.array([[True]])).logprobs
 
 
 def test_penalties_are_read_with_tensorrt_llms_neutral_defaults():

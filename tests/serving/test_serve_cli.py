@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import urllib.request
@@ -46,6 +47,26 @@ def test_generate_url_sends_the_penalties(triton, target_alone):
     expected = target_alone.decoder().generate(request, FixedDraftLength(0)).token_ids
     plain = json.loads(CliRunner().invoke(app, args).stdout)["output_ids"]
     assert json.loads(result.stdout)["output_ids"] == expected != plain
+
+
+def test_generate_url_logprobs_are_the_target_alones(triton, target_alone):
+    """``--logprobs``: spec_decode's output_log_probs, over gRPC (streamed, whole at the end) and HTTP."""
+    from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
+
+    tok = target_alone.target.tokenizer
+    request = GenerationRequest(tuple(tok.encode_prompt("Hello world")), StopCriteria(16, eos_token_ids=tok.eos_token_ids()),
+                                logprobs=True)
+    ref = target_alone.decoder().generate(request, FixedDraftLength(0))
+    for url, extra in ((triton.endpoints.grpc, []), (triton.endpoints.http, ["--http"])):
+        args = ["generate", "--url", url, "-p", "Hello world", "-n", "16", "--logprobs", *extra]
+        out = json.loads(CliRunner().invoke(app, args + ["--json"]).stdout)
+        assert out["output_ids"] == ref.token_ids and out["logprobs"] == pytest.approx(ref.logprobs, abs=1e-4)
+        streamed = CliRunner().invoke(app, args)
+        assert streamed.exit_code == 0 and _logprob_sum(streamed.stderr) == pytest.approx(sum(ref.logprobs), abs=2e-3)
+
+
+def _logprob_sum(stats: str) -> float:
+    return float(re.search(r"logprob sum (-?[0-9.]+) \(mean", stats).group(1))
 
 
 def test_generate_url_streams_text_then_stats(triton, reference):

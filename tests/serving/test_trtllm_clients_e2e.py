@@ -159,6 +159,30 @@ def test_exact_sampling_drafts_with_the_targets_position_keyed_draws(triton):
     assert drafted > 0 and accepted / drafted > 0.6  # 72/94 here; with the generator's draws, 7/385
 
 
+def test_return_log_probs_sends_each_tokens_log_probability_as_tensorrt_llm_names_them(triton, target_alone):
+    """output_log_probs [1, 1, n] and cum_log_probs [1, 1]: the target alone's, speculating or not; streamed,
+    each response's own tokens beside their ids, the final response the whole output's."""
+    tok = target_alone.target.tokenizer
+    request = GenerationRequest(tuple(tok.encode_prompt(PROMPT)), StopCriteria(24, eos_token_ids=tok.eos_token_ids()),
+                                logprobs=True)
+    ref = target_alone.decoder().generate(request, FixedDraftLength(0))
+    for extra in (dict(), dict(num_draft_tokens=0)):
+        _, final, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, return_log_probs=True, **extra)
+        assert final["output_log_probs"].shape == (1, 1, len(ref.token_ids))
+        assert final["output_ids"].reshape(-1).tolist() == ref.token_ids
+        assert final["output_log_probs"].reshape(-1).tolist() == pytest.approx(ref.logprobs, abs=1e-4)
+        assert final["cum_log_probs"].shape == (1, 1) and scalar(final, "cum_log_probs") == pytest.approx(sum(ref.logprobs), abs=1e-3)
+        assert scalar(final, "total_draft_tokens") > 0 or extra
+    _, final, responses = send(triton, text_input=PROMPT, max_tokens=24, stream=True, return_log_probs=True)
+    pieces = [r.outputs for r in responses[:-1]]
+    assert len(pieces) > 2 and all(p["output_ids"].size == p["output_log_probs"].size for p in pieces)
+    assert [t for p in pieces for t in p["output_ids"].reshape(-1).tolist()] == ref.token_ids
+    assert np.concatenate([p["output_log_probs"].reshape(-1) for p in pieces]).tolist() == \
+        final["output_log_probs"].reshape(-1).tolist()
+    _, plain, plain_responses = send(triton, text_input=PROMPT, max_tokens=24, stream=True)
+    assert "output_log_probs" not in plain and all("output_ids" not in r.outputs for r in plain_responses[:-1])
+
+
 def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
     text, final, _ = send(triton, text_input=PROMPT, max_tokens=16, stream=False, num_draft_tokens=0)
     assert scalar(final, "total_draft_tokens") == 0 and text == reference(PROMPT, 16).text
@@ -167,7 +191,7 @@ def test_num_draft_tokens_zero_is_no_speculation(triton, reference):
 @pytest.mark.parametrize(("values", "message"), [
     (dict(beam_width=4), "beam_width 4: trtspec decodes one beam"),
     (dict(num_return_sequences=3), "num_return_sequences 3: trtspec returns one sequence per request"),
-    (dict(return_log_probs=True), "return_log_probs True:"),
+    (dict(return_generation_logits=True), "return_generation_logits True:"),
     (dict(repetition_penalty=0.0), "repetition_penalty must be > 0, got 0.0"),
     (dict(min_tokens=8), "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(lora_task_id=7), "lora_task_id 7: trtspec serves no LoRA adapters"),

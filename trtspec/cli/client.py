@@ -29,6 +29,7 @@ def remote_generate(
     ignore_eos: bool = False,
     bad_words: Sequence[str] | None = None,
     penalties: Penalties = Penalties(),
+    logprobs: bool = False,
     json_out: bool = False,
     timeout_s: float = 600.0,
 ) -> None:
@@ -37,6 +38,7 @@ def remote_generate(
     Streams text to stdout as it arrives (``--json``: one JSON object at the end);
     a server error becomes ``error: <its one-line message>`` and exit code 1.
     """
+    from trtspec.cli.generate import logprob_sum
     from trtspec.serving.client import GenerateParams, generate
 
     params = GenerateParams(
@@ -52,6 +54,7 @@ def remote_generate(
         end_id=-1 if ignore_eos else None,
         bad_words=tuple(bad_words or ()),
         penalties=penalties,
+        logprobs=logprobs,
     )
 
     def show(text: str) -> None:
@@ -73,5 +76,5 @@ def remote_generate(
     log(
         "[stats] "
         f"{result.num_output_tokens} tokens in {result.total_s:.2f}s ({result.tokens_per_s:.1f} tok/s), "
-        f"TTFT {ttft}, acceptance {rate}, finish={result.finish_reason} ({result.protocol})"
+        f"TTFT {ttft}, acceptance {rate}, finish={result.finish_reason} ({result.protocol}){logprob_sum(result.logprobs)}"
     )

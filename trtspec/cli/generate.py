@@ -34,6 +34,7 @@ def generate(
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Logits of tokens already in the text (prompt included) divided by it, multiplied when negative; 1: none (TensorRT-LLM's).")] = 1.0,
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtracted from the logits of tokens already in the text, prompt included (TensorRT-LLM's).")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Times a token's count in the text, prompt included, subtracted from its logit (TensorRT-LLM's).")] = 0.0,
+    logprobs: Annotated[bool, typer.Option("--logprobs", help="Each token's log-probability (--json: a list beside the token ids; else their sum on stderr; TensorRT-LLM's return_log_probs).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8|int4")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights; with --demo, auto is int4 where it runs well, else the INT8 copy)")] = "auto",
@@ -61,7 +62,7 @@ def generate(
                         drafter=drafter.value if drafter is not None else None,
                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                         min_tokens=min_tokens, ignore_eos=ignore_eos, bad_words=bad_word, penalties=penalties,
-                        json_out=json_out)
+                        logprobs=logprobs, json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
@@ -101,6 +102,7 @@ def generate(
                                     exact=pair.target.exact, penalties=penalties),
             drafter=drafter,
             bad_words=tok.encode_words(bad_word or ()),
+            logprobs=logprobs,
         )
         gen = pair.decoder().stream(request, FixedDraftLength(k if use_draft else 0))
         for chunk in gen:
@@ -138,5 +140,12 @@ def _report(result, pair, k: int, drafter: str | None, json_out: bool) -> None:
     tps = s.emitted_tokens / s.total_time_s if s.total_time_s else 0.0
     log(
         f"[stats] {s.emitted_tokens} tokens in {s.total_time_s:.2f}s ({tps:.1f} tok/s), "
-        f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}"
+        f"{s.iterations} iterations, acceptance {rate}, finish={result.finish_reason.value}{logprob_sum(result.logprobs)}"
     )
+
+
+def logprob_sum(logprobs: list[float] | None) -> str:
+    """The stats line's words for the tokens' log-probabilities ("" when none were asked)."""
+    if not logprobs:
+        return ""
+    return f", logprob sum {sum(logprobs):.3f} (mean {sum(logprobs) / len(logprobs):.3f} per token)"

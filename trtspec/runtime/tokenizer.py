@@ -74,8 +74,9 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=True)
 
-    def token_strings(self, token_ids: Sequence[int]) -> list[str]:
-        return [self.hf.convert_ids_to_tokens(int(t)) for t in token_ids]
+    def token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's own text (special tokens included; a piece of a multi-byte character reads U+FFFD)."""
+        return [self.hf.decode([int(t)], skip_special_tokens=False) for t in token_ids]
 
     def special_tokens(self) -> dict[str, int | None]:
         return {

@@ -64,6 +64,7 @@ class GenerateParams:
     end_id: int | None = None  # the only EOS token; -1: none, the answer runs to max_tokens (None: the tokenizer's)
     min_tokens: int | None = None  # no EOS among the first this many tokens
     penalties: Penalties = Penalties()  # TensorRT-LLM's repetition, presence and frequency penalties
+    logprobs: bool = False  # return_log_probs: each output token's log-probability
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
@@ -78,6 +79,8 @@ class GenerateParams:
                 out[name] = list(getattr(self, name))
         if not self.penalties.neutral:
             out.update(self.penalties.inputs())
+        if self.logprobs:
+            out["return_log_probs"] = True
         return out
 
 
@@ -95,6 +98,7 @@ class ClientResult:
     protocol: str = "grpc"
     chunks: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None  # [len(output_ids)], when the request asked for them
 
     @property
     def tokens_per_s(self) -> float:
@@ -305,6 +309,9 @@ class StreamEvent:
 
     text: str = ""
     result: ClientResult | None = None  # set on the final event only
+    # With logprobs asked: the tokens this piece's iteration emitted and their log-probabilities
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
 
 
 async def stream_infer_aio(client: Any, model: str, inputs: list, *, request_id: str = "") -> AsyncIterator[StreamedResponse]:
@@ -362,10 +369,14 @@ async def generate_aio(
     ttft: float | None = None
     async for r in stream_infer_aio(client, model, grpc_inputs(values), request_id=request_id):
         text = _text(r.outputs)
+        # with logprobs asked, a streamed piece carries its iteration's tokens (the final one: the whole output's)
+        piece = not r.final and "output_log_probs" in r.outputs
         if text:
             ttft = r.at_s if ttft is None else ttft
             chunks.append(text)
-            yield StreamEvent(text=text)
+        if text or piece:
+            yield StreamEvent(text, None, tuple(_ids(r.outputs)), tuple(_logprobs(r.outputs))) if piece else \
+                StreamEvent(text)
         if r.final:
             result = _result(chunks, r.outputs, protocol="grpc", total_s=r.at_s)
             result.ttft_s = ttft
@@ -510,5 +521,14 @@ def _result(chunks: list[str], final: Mapping[str, np.ndarray], *, protocol: str
         total_s=total_s,
         protocol=protocol,
         chunks=chunks,
-        output_ids=[int(t) for t in np.asarray(final.get("output_ids", [])).reshape(-1)],
+        output_ids=_ids(final),
+        logprobs=_logprobs(final) if "output_log_probs" in final else None,
     )
+
+
+def _ids(outputs: Mapping[str, np.ndarray]) -> list[int]:
+    return [int(t) for t in np.asarray(outputs.get("output_ids", [])).reshape(-1)]
+
+
+def _logprobs(outputs: Mapping[str, np.ndarray]) -> list[float]:
+    return [float(x) for x in np.asarray(outputs.get("output_log_probs", [])).reshape(-1)]

@@ -61,6 +61,7 @@ class ServeRequest:
     min_tokens: int = 0  # TensorRT-LLM's min_length / min_tokens: no EOS among the first this many tokens
     request_id: str = ""
     drafter: DrafterKind | None = None  # None: the model's default_drafter
+    logprobs: bool = False  # TensorRT-LLM's return_log_probs: output_log_probs and cum_log_probs sent
 
     @classmethod
     def make_dummy(cls, text: str = "Hello world", max_tokens: int = 4) -> ServeRequest:
@@ -105,6 +106,7 @@ def parse_request(
         min_tokens=min_tokens,
         request_id=request_id,
         drafter=drafter,
+        logprobs=bool(_bool(get, "return_log_probs")),
     )
 
 
@@ -207,7 +209,6 @@ def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, i
 _NEUTRAL_ONLY: dict[str, tuple] = {
     "beam_width": (1,),
     "num_return_sequences": (1,),
-    "return_log_probs": (False,),
     "return_context_logits": (False,),
     "return_generation_logits": (False,),
     "decoder_text_input": ("", b""),

@@ -68,7 +68,8 @@ class Reply(Protocol):
 
     def is_cancelled(self) -> bool: ...
 
-    def send_text(self, text: str) -> None: ...
+    def send_text(self, text: str, token_ids: Sequence[int] = (), logprobs: Sequence[float] | None = None) -> None:
+        """A streamed piece: new text; with ``logprobs`` (the request asked), the iteration's tokens and theirs."""
 
     def send_final(self, text: str, result: GenerationResult, num_input_tokens: int) -> None: ...
 
@@ -314,8 +315,8 @@ class RequestService:
         )
         for chunk in gen:
             tally.timer.tokens(len(chunk.token_ids))
-            if sreq.stream and chunk.text:
-                reply.send_text(chunk.text)
+            if sreq.stream and (chunk.text or (sreq.logprobs and chunk.token_ids)):
+                reply.send_text(chunk.text, chunk.token_ids, chunk.logprobs if sreq.logprobs else None)
         result = gen.result
         if result.stats.draft_errors:
             what = "was late" if isinstance(gen.draft_error, ModelTimeoutError) else "failed"
@@ -350,6 +351,7 @@ class RequestService:
             request_id=sreq.request_id,
             drafter=drafter,
             bad_words=self.tokenizer.encode_words(sreq.bad_words),
+            logprobs=sreq.logprobs,
         )
 
     def _done_in_flight(self) -> None:

@@ -17,8 +17,9 @@ last ``data: {"error": ...}`` event before ``data: [DONE]``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,8 @@ class _Proxy:
         metrics = self.metrics
         metrics.in_flight.inc()
         try:
-            events = self._start(body, renderer.id)
+            events = self._start(body, renderer.id)  # not started yet: nothing is sent before it is iterated
+            renderer = dataclasses.replace(renderer, token_texts=self._token_texts(body))
             if body.stream:  # the first response first: an error before any text gets its own status
                 first = await _unless_disconnected(request, anext(events))
                 stream = self._stream(renderer, first, events, body.include_usage, endpoint, t0)
@@ -138,6 +140,14 @@ class _Proxy:
         metrics.finished(endpoint, status, time.perf_counter() - t0, ttft)
         metrics.in_flight.dec()
         return response
+
+    def _token_texts(self, body: ChatCompletionRequest | CompletionRequest) -> Callable[[Sequence[int]], list[str]] | None:
+        """Each token's text, for the log-probabilities a request asks (None: none asked)."""
+        if not body.wants_logprobs:
+            return None
+        if self.settings.tokenizer is None:
+            raise OpenAIError(400, "this server has no tokenizer to name the tokens of logprobs", "logprobs")
+        return self.settings.tokenizer.token_texts
 
     def _start(self, body: ChatCompletionRequest | CompletionRequest, request_id: str) -> AsyncIterator[StreamEvent]:
         settings = self.settings
@@ -165,8 +175,9 @@ class _Proxy:
             head = sse(renderer.chunk(role=True, with_usage_field=include_usage)) if renderer.kind == "chat" else ""
             event = first
             while event.result is None:
-                ttft = time.perf_counter() - t0 if ttft is None else ttft
-                yield head + sse(renderer.chunk(event.text, with_usage_field=include_usage))
+                ttft = time.perf_counter() - t0 if ttft is None and event.text else ttft
+                yield head + sse(renderer.chunk(event.text, with_usage_field=include_usage,
+                                                token_ids=event.token_ids, logprobs=event.logprobs))
                 head = ""
                 event = await anext(events)
             yield head + sse(renderer.chunk(result=event.result, with_usage_field=include_usage))

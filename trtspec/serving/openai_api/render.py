@@ -4,6 +4,12 @@ Besides OpenAI's fields every response carries the extension ``trtspec`` on its
 last choice-bearing body: ``{"num_draft_tokens", "num_accepted_tokens",
 "acceptance_rate"}`` of the request (``acceptance_rate`` null when nothing was
 drafted), the words and figures of ``spec_decode``'s outputs.
+
+With log-probabilities asked (``token_texts``: each token id's own text), a choice's
+``logprobs`` holds one entry per generated token, the end-of-sequence token
+included: chat ``{"content": [{"token", "logprob", "bytes", "top_logprobs": []}]}``,
+completions ``{"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}``;
+streamed, each chunk the tokens generated since the last.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from trtspec.serving.client import ClientResult
@@ -42,6 +49,8 @@ class Renderer:
     model: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    token_texts: Callable[[Sequence[int]], list[str]] | None = None  # set when log-probabilities are asked
+    _offset: int = 0  # completions' text_offset of the next token
 
     def __post_init__(self) -> None:
         assert self.kind in ("chat", "completions"), self.kind
@@ -58,29 +67,46 @@ class Renderer:
     def body(self, result: ClientResult) -> dict:
         """The whole answer (``stream: false``)."""
         finish = FINISH_REASONS.get(result.finish_reason or "", "stop")
+        logprobs = self.logprobs(result.output_ids, result.logprobs or ())
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": finish}
+                      "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": finish}
         return {**self._head(False), "choices": [choice], "usage": usage(result).to_dict(),
                 "trtspec": speculation_figures(result)}
 
     def chunk(self, text: str | None = None, *, role: bool = False, result: ClientResult | None = None,
-              with_usage_field: bool = False) -> dict:
-        """One stream chunk: new text, the opening role (chat), or the closing finish reason (``result``)."""
+              with_usage_field: bool = False, token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> dict:
+        """One stream chunk: new text (and its tokens' ``logprobs``), the opening role (chat), or the
+        closing finish reason (``result``)."""
         finish = FINISH_REASONS.get(result.finish_reason or "", "stop") if result is not None else None
+        lp = self.logprobs(token_ids, logprobs) if token_ids else None
         if self.kind == "chat":
             delta: dict = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         out = {**self._head(True), "choices": [choice]}
         if result is not None:
             out["trtspec"] = speculation_figures(result)
         if with_usage_field:
             out["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is on
         return out
+
+    def logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> dict | None:
+        """A choice's ``logprobs`` for these tokens (None unless they were asked for)."""
+        if self.token_texts is None:
+            return None
+        texts = self.token_texts(token_ids)
+        if self.kind == "chat":
+            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+                                for t, lp in zip(texts, logprobs)], "refusal": None}
+        offsets = []
+        for t in texts:
+            offsets.append(self._offset)
+            self._offset += len(t)
+        return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
 
     def usage_chunk(self, result: ClientResult) -> dict:
         """The last chunk with ``stream_options.include_usage``: no choices, the usage."""

@@ -2,8 +2,9 @@
 
 Field names, types and defaults are OpenAI's (``temperature`` and ``top_p``
 default to 1, as there). A field we cannot honour with a value other than its
-neutral one (``n`` > 1, ``logprobs``, ``logit_bias``, tools, ...) is refused with a
-400 naming it; fields we do not know are ignored, as OpenAI's own server
+neutral one (``n`` > 1, ``top_logprobs``, ``logit_bias``, tools, ...) is refused with a
+400 naming it; ``logprobs`` (chat: true; completions: 0) gives each generated token's
+log-probability, as ``spec_decode``'s ``return_log_probs`` does; fields we do not know are ignored, as OpenAI's own server
 ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
 ``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
@@ -76,6 +77,11 @@ class _Request(BaseModel):
     min_tokens: int = Field(0, ge=0)  # vLLM's: no EOS among the first this many tokens (spec_decode's min_tokens)
     bad_words: list[str] | None = None  # vLLM's: words the text never contains (spec_decode's bad_words)
 
+    @property
+    def wants_logprobs(self) -> bool:
+        """Each generated token's log-probability asked for (chat: ``logprobs``; completions: ``logprobs: 0``)."""
+        return False
+
     def refuse_unsupported(self) -> None:
         """400 for each field set to something we cannot do (the neutral values pass)."""
         if self.n != 1:
@@ -102,6 +108,7 @@ class _Request(BaseModel):
             end_id=-1 if self.ignore_eos else None,
             min_tokens=self.min_tokens or None,
             penalties=Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty),
+            logprobs=self.wants_logprobs,
         )
 
     @property
@@ -136,15 +143,19 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # OpenAI's range
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        for name in ("logprobs", "top_logprobs"):
-            if getattr(self, name):  # the field the request gave is the one named
-                raise OpenAIError(400, f"{name} is not supported by this server", name)
+        if self.top_logprobs:
+            raise OpenAIError(400, f"top_logprobs {self.top_logprobs}: this server returns the chosen token's "
+                                   "log-probability only (top_logprobs 0)", "top_logprobs")
         if self.tools:
             raise OpenAIError(400, "tools are not supported by this server", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -164,7 +175,11 @@ class CompletionRequest(_Request):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)  # OpenAI's range: the top alternatives besides the token
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
@@ -173,9 +188,12 @@ class CompletionRequest(_Request):
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise OpenAIError(400, f"prompt holds {len(self.prompt)} strings; this server takes one prompt per request",
                               "prompt")
-        for name, neutral in (("echo", False), ("suffix", None), ("logprobs", None)):
+        for name, neutral in (("echo", False), ("suffix", None)):
             if getattr(self, name) not in (neutral, ""):
                 raise OpenAIError(400, f"{name} is not supported by this server", name)
+        if self.logprobs:
+            raise OpenAIError(400, f"logprobs {self.logprobs}: this server returns the chosen token's "
+                                   "log-probability only (logprobs 0)", "logprobs")
         if self.best_of not in (None, 1):
             raise OpenAIError(400, f"best_of {self.best_of}: this server returns one choice per request", "best_of")
 

@@ -14,6 +14,7 @@ This is the only file of ``spec_decode`` that touches ``pb_utils``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -129,9 +130,13 @@ class _Reply:
     def is_cancelled(self) -> bool:
         return not self.final_sent and bool(self._sender.is_cancelled())
 
-    def send_text(self, text: str) -> None:
+    def send_text(self, text: str, token_ids: Sequence[int] = (), logprobs: Sequence[float] | None = None) -> None:
         assert not self.final_sent, "send after the final flag"
-        self._sender.send(self._pb.InferenceResponse(output_tensors=_text_tensors(self._pb, text)))
+        outputs = _text_tensors(self._pb, text)
+        if logprobs is not None:
+            outputs += [self._pb.Tensor("output_ids", np.array([token_ids], dtype=np.int64).reshape(1, -1)),
+                        self._pb.Tensor("output_log_probs", _log_probs(logprobs))]
+        self._sender.send(self._pb.InferenceResponse(output_tensors=outputs))
 
     def send_final(self, text: str, result: GenerationResult, num_input_tokens: int) -> None:
         assert not self.final_sent, "final flag sent twice"
@@ -176,7 +181,21 @@ def _final_tensors(pb: Any, result: GenerationResult, num_input_tokens: int) -> 
         one("total_accepted_draft_tokens", s.accepted_tokens, np.int32),
         one("acceptance_rate", rate if rate is not None else 0.0, np.float32),
         pb.Tensor("output_ids", np.array([result.token_ids], dtype=np.int64).reshape(1, -1)),
+        *_log_prob_tensors(pb, result.logprobs),
     ]
+
+
+def _log_prob_tensors(pb: Any, logprobs: list[float] | None) -> list:
+    """TensorRT-LLM's ``output_log_probs`` ``[batch, beam, tokens]`` and ``cum_log_probs`` ``[batch, beam]``
+    of the whole output, when the request asked for them."""
+    if logprobs is None:
+        return []
+    return [pb.Tensor("output_log_probs", _log_probs(logprobs)),
+            pb.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32))]
+
+
+def _log_probs(logprobs: Sequence[float]) -> np.ndarray:
+    return np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)  # [batch 1, beam 1, tokens]
 
 
 def _text_tensors(pb: Any, text: str) -> list:
