@@ -95,8 +95,8 @@ def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, t
 @pytest.mark.parametrize("k", [0, 3, 5])
 @pytest.mark.parametrize("repetition", [1.0, 1.8])
 def test_logprobs_match_transformers_scores(tiny_pair, tiny_target, k, repetition):
-    """Each token's log-probability: the log-softmax of transformers' own scores at that step (its
-    ``output_scores``, after its repetition penalty) is the reference."""
+    """Each token's log-probability and its row's three best: the log-softmax of transformers' own scores at
+    that step (its ``output_scores``, after its repetition penalty) is the reference."""
     from transformers import AutoModelForCausalLM
 
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
@@ -106,12 +106,17 @@ def test_logprobs_match_transformers_scores(tiny_pair, tiny_target, k, repetitio
         ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
                              repetition_penalty=repetition, output_scores=True, return_dict_in_generate=True)
         ref_ids = ref.sequences[0, len(ids):].tolist()
-        ref_lp = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(ref.scores, ref_ids)]
+        rows = [torch.log_softmax(s[0].float(), -1) for s in ref.scores]
+        ref_lp = [float(row[t]) for row, t in zip(rows, ref_ids)]
         r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(penalties=Penalties(repetition=repetition)),
-                              logprobs=True)
+                              logprobs=True, top_logprobs=3)
         out = dec.generate(r, FixedDraftLength(k))
         assert out.token_ids == ref_ids, text
         assert out.logprobs == pytest.approx(ref_lp, abs=1e-4), text
+        best = [torch.topk(row, 3) for row in rows]
+        assert [[i for i, _ in top] for top in out.top_logprobs] == [b.indices.tolist() for b in best], text
+        assert [x for top in out.top_logprobs for _, x in top] == \
+            pytest.approx([x for b in best for x in b.values.tolist()], abs=1e-4), text
         if k:
             assert out.stats.drafted_tokens > 0
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, get_type_hints
+
+import numpy as np
 
 from trtspec.decoding.types import DrafterKind
 
@@ -101,6 +103,9 @@ SPEC_DECODE_INPUTS = (
     TensorSpec("num_return_sequences", "TYPE_INT32", (1,), True, "1 only"),
     TensorSpec("return_log_probs", "TYPE_BOOL", (1,), True,
                "true: output_log_probs and cum_log_probs sent (each token's log-probability; docs/serving.md)"),
+    TensorSpec("top_logprobs", "TYPE_INT32", (1,), True,
+               "with return_log_probs: also the N (0..20) most likely tokens at each position (top_output_ids, "
+               "top_log_probs)"),
     TensorSpec("return_context_logits", "TYPE_BOOL", (1,), True, "false only"),
     TensorSpec("return_generation_logits", "TYPE_BOOL", (1,), True, "false only"),
     TensorSpec("return_perf_metrics", "TYPE_BOOL", (1,), True, "accepted; the draft counts are always sent"),
@@ -142,10 +147,39 @@ SPEC_DECODE_OUTPUTS = (
     TensorSpec("batch_index", "TYPE_INT32", (1,), doc="every response: 0 (one prompt per request)"),
     TensorSpec("sequence_index", "TYPE_INT32", (1,), doc="every response: 0 (one sequence per request)"),
     TensorSpec("cum_log_probs", "TYPE_FP32", (-1,), doc="final response, with return_log_probs: the sum of output_log_probs"),
+    TensorSpec("top_output_ids", "TYPE_INT64", (-1, -1),
+               doc="with top_logprobs N ([1, n, N]): at each output position the N most likely tokens, best first; "
+                   "-1 pads a position where fewer could be chosen; sent beside output_log_probs"),
+    TensorSpec("top_log_probs", "TYPE_FP32", (-1, -1), doc="their log-probabilities ([1, n, N]; pads: the lowest float)"),
     TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1),
                doc="with return_log_probs ([1, 1, n]): each output token's log-probability; streamed, a response's "
                    "own tokens (output_ids beside them), the final response the whole output's"),
 )
+
+# top_output_ids / top_log_probs: a position where fewer than N tokens could be chosen is padded
+TOP_PAD_ID = -1
+TOP_PAD_LOGPROB = float(np.finfo(np.float32).min)
+
+
+def top_arrays(top: Sequence[Sequence[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each position's ``(id, logprob)`` pairs as ``[positions, N]`` arrays (INT64 ids, FP32 log-probabilities),
+    padded to the longest (N)."""
+    n = max((len(row) for row in top), default=0)
+    ids = np.full((len(top), n), TOP_PAD_ID, dtype=np.int64)
+    values = np.full((len(top), n), TOP_PAD_LOGPROB, dtype=np.float32)
+    for i, row in enumerate(top):
+        for j, (token, logprob) in enumerate(row):
+            ids[i, j], values[i, j] = token, logprob
+    return ids, values
+
+
+def top_pairs(ids: np.ndarray, values: np.ndarray) -> list[list[tuple[int, float]]]:
+    """:func:`top_arrays` read back (``[..., positions, N]``), the pads dropped."""
+    positions, n = ids.shape[-2:]
+    ids, values = ids.reshape(positions, n), values.reshape(positions, n)
+    return [[(int(t), float(v)) for t, v in zip(row_ids, row_values) if t != TOP_PAD_ID]
+            for row_ids, row_values in zip(ids, values)]
+
 
 # Outputs every response carries (the others: the final response only, or never).
 EVERY_RESPONSE_OUTPUTS = ("text_output", "batch_index", "sequence_index")

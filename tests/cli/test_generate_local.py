@@ -73,12 +73,16 @@ def test_generate_penalties_are_the_target_alones_under_the_same_penalties(tiny_
 def test_generate_logprobs_are_the_target_alones_speculating(tiny_target, tiny_draft):
     args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt", "Numbers 0 1 2",
             "--max-tokens", "20", "--k", "3", "--logprobs"]
-    out = json.loads(runner.invoke(app, args + ["--json"]).stdout)
+    out = json.loads(runner.invoke(app, args + ["--json", "--top-logprobs", "3"]).stdout)
     pair = load_pair(tiny_target, None)
     ids = tuple(pair.target.tokenizer.encode_prompt("Numbers 0 1 2"))
-    ref = pair.decoder().generate(GenerationRequest(ids, StopCriteria(20), logprobs=True), FixedDraftLength(0))
+    ref = pair.decoder().generate(GenerationRequest(ids, StopCriteria(20), logprobs=True, top_logprobs=3),
+                                  FixedDraftLength(0))
     assert out["token_ids"] == ref.token_ids and out["stats"]["drafted_tokens"] > 0
     assert out["logprobs"] == pytest.approx(ref.logprobs, abs=1e-4)
+    assert [[i for i, _ in top] for top in out["top_logprobs"]] == [[i for i, _ in top] for top in ref.top_logprobs]
+    bad = runner.invoke(app, args + ["--top-logprobs", "21"])
+    assert bad.exit_code == 1 and bad.stderr.endswith("\nerror: top_logprobs must be an integer in [0, 20], got 21\n")
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert float(re.search(r"logprob sum (-?[0-9.]+) \(mean", res.stderr).group(1)) == pytest.approx(sum(ref.logprobs), abs=2e-3)

@@ -273,19 +273,26 @@ def test_logprobs_are_each_tokens_log_probability_in_the_row_it_was_chosen_from(
     target = BigramLM.random(V, seed=5)
     draft = BigramLM(target.table + 0.5 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
     prompt = (4, 9, 4)
-    r = dataclasses.replace(req(prompt=prompt, max_new=30), sampling=sampling, logprobs=True)
+    r = dataclasses.replace(req(prompt=prompt, max_new=30), sampling=sampling, logprobs=True, top_logprobs=10)
     gen = SpeculativeDecoder(target, draft).stream(r, FixedDraftLength(k))
     chunks = list(gen)
     out = gen.result
-    expected, text = [], list(prompt)
+    expected, best, text = [], [], list(prompt)
     for t in out.token_ids:
         row = _penalised(target.table[text[-1]].clone(), text, sampling.penalties)
         logp = torch.log_softmax(row, -1) if sampling.greedy else torch.log(warp_probs(row[None], sampling)[0])
         expected.append(float(logp[t]))
+        order = sorted(range(V), key=lambda i: -float(logp[i]))[:10]  # the 10 most likely; sampled: those it may draw
+        best.append([(i, float(logp[i])) for i in order if logp[i] > float("-inf")])
         text.append(t)
     assert out.logprobs == pytest.approx(expected, abs=1e-5)
+    assert [[i for i, _ in top] for top in out.top_logprobs] == [[i for i, _ in top] for top in best]
+    assert [x for top in out.top_logprobs for _, x in top] == pytest.approx([x for top in best for _, x in top], abs=1e-5)
     assert [x for c in chunks for x in c.logprobs] == out.logprobs
-    assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+    assert [x for c in chunks for x in c.top_logprobs] == out.top_logprobs
+    assert all(len(c.logprobs) == len(c.token_ids) == len(c.top_logprobs) for c in chunks)
+    if sampling.top_k:
+        assert all(len(top) <= 8 for top in out.top_logprobs)  # nothing outside top-k could be drawn
     if k:
         assert out.stats.accepted_tokens > 0
 
@@ -299,7 +306,11 @@ def test_logprobs_are_none_unless_asked_and_speculation_does_not_change_them():
     spec = SpeculativeDecoder(target, draft).generate(asked, FixedDraftLength(3))
     assert spec.token_ids == alone.token_ids and spec.logprobs == alone.logprobs
     assert len(spec.logprobs) == len(spec.token_ids) and all(x <= 0 for x in spec.logprobs)
-    assert spec.to_dict()["logprobs"] == spec.logprobs
+    assert spec.to_dict()["logprobs"] == spec.logprobs and spec.top_logprobs is None
+    with pytest.raises(InvalidRequestError, match="top_logprobs needs logprobs"):
+        target_alone(target, dataclasses.replace(r, top_logprobs=3))
+    with pytest.raises(InvalidRequestError, match=r"top_logprobs must be an integer in \[0, 20\], got 21"):
+        target_alone(target, dataclasses.replace(asked, top_logprobs=21))
 
 
 def test_stop_string_cuts_text_and_tokens():

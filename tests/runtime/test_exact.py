@@ -94,18 +94,19 @@ def test_tiny_pair_sampling_same_seed_same_output(tiny_target, tiny_draft):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_tiny_pair_logprobs_are_exact(tiny_target, tiny_draft, temperature):
-    """Each token's log-probability, bit for bit the target alone's, greedy or sampled, every k and controller."""
+    """Each token's log-probability and its row's five best, bit for bit the target alone's, greedy or sampled,
+    every k and controller."""
     pair = load_pair(tiny_target, tiny_draft, target_precision="bf16", draft_precision="bf16", exact=True)
     dec = pair.decoder()
     drafted = 0
     for ids in prompts(6, seed=4):
         sp = SamplingParams(temperature=temperature, seed=5 if temperature else None, exact=True)
-        req = GenerationRequest(ids, StopCriteria(24), sp, logprobs=True)
+        req = GenerationRequest(ids, StopCriteria(24), sp, logprobs=True, top_logprobs=5)
         ref = dec.generate(req, FixedDraftLength(0))
-        assert len(ref.logprobs) == len(ref.token_ids) and all(x <= 0 for x in ref.logprobs)
+        assert len(ref.logprobs) == len(ref.token_ids) == len(ref.top_logprobs) and all(x <= 0 for x in ref.logprobs)
         for name, policy in POLICIES.items():
             out = dec.generate(req, policy())
-            assert (out.token_ids, out.logprobs) == (ref.token_ids, ref.logprobs), (ids, name)
+            assert (out.token_ids, out.logprobs, out.top_logprobs) == (ref.token_ids, ref.logprobs, ref.top_logprobs), (ids, name)
             drafted += out.stats.drafted_tokens
     assert drafted > 0
 

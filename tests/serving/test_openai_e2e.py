@@ -132,42 +132,57 @@ def test_penalties_are_spec_decodes_and_change_the_answer(served, client, stream
     assert text == expected != plain.text
 
 
-def _target_logprobs(http: str, prompt: str, max_tokens: int, templated: bool):
-    """Triton's generate endpoint asked for return_log_probs: the token ids and their log-probabilities."""
-    params = GenerateParams(max_tokens=max_tokens, temperature=0.0, apply_chat_template=templated, logprobs=True)
+def _target_logprobs(http: str, prompt: str, max_tokens: int, templated: bool, top: int):
+    """Triton's generate endpoint asked for return_log_probs and top_logprobs: the token ids, their
+    log-probabilities and each position's ``top`` most likely tokens."""
+    params = GenerateParams(max_tokens=max_tokens, temperature=0.0, apply_chat_template=templated, logprobs=True,
+                            top_logprobs=top)
     r = generate_http(http, prompt, params)
-    assert r.logprobs is not None and len(r.logprobs) == len(r.output_ids) > 0
-    return r.output_ids, r.logprobs
+    assert r.logprobs is not None and len(r.logprobs) == len(r.output_ids) == len(r.top_logprobs or r.output_ids) > 0
+    return r.output_ids, r.logprobs, r.top_logprobs
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_chat_logprobs_are_spec_decodes_with_each_tokens_text(served, client, tiny_target, stream):
     from trtspec.runtime.tokenizer import Tokenizer
 
-    ids, expected = _target_logprobs(served[0].endpoints.http, PROMPT, 20, templated=True)
+    ids, expected, top = _target_logprobs(served[0].endpoints.http, PROMPT, 20, templated=True, top=3)
     r = client.chat.completions.create(model="spec_decode", messages=[{"role": "user", "content": PROMPT}],
-                                       max_tokens=20, temperature=0, logprobs=True, top_logprobs=0, stream=stream)
+                                       max_tokens=20, temperature=0, logprobs=True, top_logprobs=3, stream=stream)
     content = [e for c in r if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content] \
         if stream else r.choices[0].logprobs.content
-    texts = Tokenizer.from_dir(tiny_target).token_texts(ids)
-    assert [e.token for e in content] == texts
+    tok = Tokenizer.from_dir(tiny_target)
+    assert [e.token for e in content] == tok.token_texts(ids)
     assert [e.logprob for e in content] == pytest.approx(expected, abs=1e-6)
-    assert all(e.bytes == list(e.token.encode()) and e.top_logprobs == [] for e in content)
+    assert all(e.bytes == list(e.token.encode()) for e in content)
+    assert [[a.token for a in e.top_logprobs] for e in content] == [tok.token_texts([i for i, _ in row]) for row in top]
+    assert [a.logprob for e in content for a in e.top_logprobs] == pytest.approx([x for row in top for _, x in row], abs=1e-6)
+    assert all(e.top_logprobs[0].token == e.token for e in content)  # greedy: the chosen token is the best
+    plain = client.chat.completions.create(model="spec_decode", messages=[{"role": "user", "content": PROMPT}],
+                                           max_tokens=4, temperature=0, logprobs=True)
+    assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_completions_logprobs_zero_are_the_chosen_tokens(served, client, tiny_target, stream):
+def test_completions_logprobs_are_the_chosen_tokens_and_the_best(served, client, tiny_target, stream):
     from trtspec.runtime.tokenizer import Tokenizer
 
-    ids, expected = _target_logprobs(served[0].endpoints.http, PROMPT, 16, templated=False)
-    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=0,
+    ids, expected, top = _target_logprobs(served[0].endpoints.http, PROMPT, 16, templated=False, top=2)
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=16, temperature=0, logprobs=2,
                                   stream=stream)
     choices = [c.choices[0] for c in r] if stream else r.choices
     tokens = [t for c in choices if c.logprobs for t in c.logprobs.tokens]
     logprobs = [x for c in choices if c.logprobs for x in c.logprobs.token_logprobs]
     offsets = [x for c in choices if c.logprobs for x in c.logprobs.text_offset]
-    assert tokens == Tokenizer.from_dir(tiny_target).token_texts(ids) and logprobs == pytest.approx(expected, abs=1e-6)
+    best = [d for c in choices if c.logprobs for d in c.logprobs.top_logprobs]
+    tok = Tokenizer.from_dir(tiny_target)
+    assert tokens == tok.token_texts(ids) and logprobs == pytest.approx(expected, abs=1e-6)
     assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    texts = [dict.fromkeys(tok.token_texts([i for i, _ in row])) for row in top]  # one entry per text, best first
+    assert [list(d) for d in best] == [list(t) for t in texts]
+    assert all(d[t] == pytest.approx(x, abs=1e-6) for d, t, x in zip(best, tokens, logprobs))  # greedy: the best
+    zero = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=0)
+    assert zero.choices[0].logprobs.top_logprobs is None and len(zero.choices[0].logprobs.tokens) == 4
     plain = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=4, temperature=0)
     assert plain.choices[0].logprobs is None
 
@@ -236,7 +251,7 @@ def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
     (dict(presence_penalty=2.5), 400, "presence_penalty"),  # OpenAI's range: -2..2
     (dict(extra_body={"min_tokens": 8}), 400, "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(extra_body={"repetition_penalty": 0}), 400, "repetition_penalty"),
-    (dict(logprobs=3), 400, "logprobs 3: this server returns the chosen token's log-probability only"),
+    (dict(logprobs=6), 400, "logprobs"),  # OpenAI's range: 0..5
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
     args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}

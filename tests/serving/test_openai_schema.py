@@ -50,7 +50,6 @@ def test_max_completion_tokens_wins_over_max_tokens():
 
 @pytest.mark.parametrize(("request_", "param"), [
     (lambda: chat(n=3), "n"),
-    (lambda: CompletionRequest(model="m", prompt="a", logprobs=2), "logprobs"),  # the top 2 besides the token
     (lambda: chat(tools=[{"type": "function"}]), "tools"),
     (lambda: chat(response_format={"type": "json_object"}), "response_format"),
     (lambda: chat(stream_options={"include_usage": True}), "stream_options"),  # without stream
@@ -60,7 +59,7 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: CompletionRequest(model="m", prompt="a", echo=True), "echo"),
     (lambda: CompletionRequest(model="m", prompt="a", best_of=2), "best_of"),
     (lambda: chat(logit_bias={"42": 5.0}), "logit_bias"),
-    (lambda: chat(top_logprobs=2), "top_logprobs"),
+    (lambda: chat(top_logprobs=2), "top_logprobs"),  # without logprobs: OpenAI refuses it too
     (lambda: CompletionRequest(model="m", prompt="a", suffix="and then"), "suffix"),
 ])
 def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
@@ -71,7 +70,11 @@ def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
 
 def test_logprobs_of_the_chosen_tokens_are_asked_of_spec_decode():
     assert chat(logprobs=True, top_logprobs=0).params(8, 300, apply_chat_template=False).fields()["return_log_probs"]
+    assert chat(logprobs=True, top_logprobs=4).params(8, 300, apply_chat_template=False).fields()["top_logprobs"] == 4
     assert CompletionRequest(model="m", prompt="a", logprobs=0).params(8, 300, False).logprobs
+    assert CompletionRequest(model="m", prompt="a", logprobs=5).params(8, 300, False).top_logprobs == 5
+    with pytest.raises(ValidationError, match="logprobs"):
+        CompletionRequest(model="m", prompt="a", logprobs=6)  # OpenAI's range: 0..5
     assert "return_log_probs" not in chat().params(8, 300, apply_chat_template=False).fields()
     assert not CompletionRequest(model="m", prompt="a").wants_logprobs
 

@@ -149,6 +149,8 @@ def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():
     (dict(min_tokens=2), "min_tokens must be >= 0 and <= max_tokens (1), got 2"),
     (dict(min_length=-1), "min_length must be >= 0 and <= max_tokens (1), got -1"),
     (dict(min_tokens=1, min_length=0), "min_tokens 1 and min_length 0 differ; send one of them"),
+    (dict(return_log_probs=True, top_logprobs=21), "top_logprobs must be >= 0 and <= 20, got 21"),
+    (dict(top_logprobs=2), "top_logprobs 2 needs return_log_probs true"),
 ])
 def test_tensorrt_llm_inputs_we_cannot_honour_are_refused_naming_the_value(values, message):
     with pytest.raises(InvalidRequestError) as info:
@@ -166,6 +168,7 @@ def test_tensorrt_llm_inputs_at_their_neutral_values_pass_and_the_honoured_ones_
     streamed = parse(text_input="x", max_tokens=1, stream=True, exclude_input_in_output=False)
     assert not streamed.echo_prompt  # TensorRT-LLM streams only the new tokens
     assert not r.logprobs and parse(text_input="x", max_tokens=1, return_log_probs=np.array([[True]])).logprobs
+    assert parse(text_input="x", max_tokens=1, return_log_probs=True, top_logprobs=20).top_logprobs == 20
 
 
 def test_penalties_are_read_with_tensorrt_llms_neutral_defaults():

@@ -59,8 +59,11 @@ def test_generate_url_logprobs_are_the_target_alones(triton, target_alone):
     ref = target_alone.decoder().generate(request, FixedDraftLength(0))
     for url, extra in ((triton.endpoints.grpc, []), (triton.endpoints.http, ["--http"])):
         args = ["generate", "--url", url, "-p", "Hello world", "-n", "16", "--logprobs", *extra]
-        out = json.loads(CliRunner().invoke(app, args + ["--json"]).stdout)
+        out = json.loads(CliRunner().invoke(app, args + ["--json", "--top-logprobs", "2"]).stdout)
         assert out["output_ids"] == ref.token_ids and out["logprobs"] == pytest.approx(ref.logprobs, abs=1e-4)
+        assert [[i for i, _ in top] for top in out["top_logprobs"]] == [[t, top[1][0]] for t, top in
+                                                                      zip(ref.token_ids, out["top_logprobs"])]
+        assert [top[0][1] for top in out["top_logprobs"]] == pytest.approx(out["logprobs"], abs=1e-6)
         streamed = CliRunner().invoke(app, args)
         assert streamed.exit_code == 0 and _logprob_sum(streamed.stderr) == pytest.approx(sum(ref.logprobs), abs=2e-3)
 

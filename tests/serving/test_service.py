@@ -23,7 +23,7 @@ class Recorder:
 
     def __init__(self, on_text=None) -> None:
         self.texts: list[str] = []
-        self.pieces: list[tuple] = []  # (token_ids, logprobs) of each streamed piece
+        self.pieces: list = []  # each streamed piece's StreamChunk (log-probabilities asked), else None
         self.final = None  # (text, result, num_input_tokens)
         self.error = None  # (code, message)
         self.cancelled = False
@@ -34,9 +34,9 @@ class Recorder:
     def is_cancelled(self) -> bool:
         return self.cancelled
 
-    def send_text(self, text: str, token_ids=(), logprobs=None) -> None:
+    def send_text(self, text: str, tokens=None) -> None:
         self.texts.append(text)
-        self.pieces.append((tuple(token_ids), None if logprobs is None else tuple(logprobs)))
+        self.pieces.append(tokens)
         if self._on_text is not None:
             self._on_text(self)
 

@@ -31,7 +31,8 @@ def prepare_inputs(**values) -> list:
               "return_generation_logits": bool, "return_perf_metrics": bool, "return_num_input_tokens": bool,
               "return_num_output_tokens": bool, "num_draft_tokens": np.int32, "use_draft_logits": bool,
               "num_return_sequences": np.int32, "exclude_input_in_output": bool, "bad_words": object,
-              "stop_words": object, "lora_task_id": np.uint64, "image_url_input": object, "exact": bool}
+              "stop_words": object, "lora_task_id": np.uint64, "image_url_input": object, "exact": bool,
+              "top_logprobs": np.int32}
     inputs = []
     for name, value in values.items():
         arr = np.array([value] if isinstance(value, list) else [[value]], dtype=dtypes[name])
@@ -173,12 +174,19 @@ def test_return_log_probs_sends_each_tokens_log_probability_as_tensorrt_llm_name
         assert final["output_log_probs"].reshape(-1).tolist() == pytest.approx(ref.logprobs, abs=1e-4)
         assert final["cum_log_probs"].shape == (1, 1) and scalar(final, "cum_log_probs") == pytest.approx(sum(ref.logprobs), abs=1e-3)
         assert scalar(final, "total_draft_tokens") > 0 or extra
-    _, final, responses = send(triton, text_input=PROMPT, max_tokens=24, stream=True, return_log_probs=True)
+    _, final, responses = send(triton, text_input=PROMPT, max_tokens=24, stream=True, return_log_probs=True,
+                               top_logprobs=3)
     pieces = [r.outputs for r in responses[:-1]]
     assert len(pieces) > 2 and all(p["output_ids"].size == p["output_log_probs"].size for p in pieces)
     assert [t for p in pieces for t in p["output_ids"].reshape(-1).tolist()] == ref.token_ids
     assert np.concatenate([p["output_log_probs"].reshape(-1) for p in pieces]).tolist() == \
         final["output_log_probs"].reshape(-1).tolist()
+    # top_logprobs 3: at each position the three most likely tokens, the greedy choice first
+    assert final["top_output_ids"].shape == final["top_log_probs"].shape == (1, len(ref.token_ids), 3)
+    assert final["top_output_ids"][0, :, 0].tolist() == ref.token_ids
+    assert final["top_log_probs"][0, :, 0].tolist() == final["output_log_probs"].reshape(-1).tolist()
+    assert np.concatenate([p["top_output_ids"][0] for p in pieces]).tolist() == final["top_output_ids"][0].tolist()
+    assert (np.diff(final["top_log_probs"][0], axis=-1) <= 0).all()  # best first
     _, plain, plain_responses = send(triton, text_input=PROMPT, max_tokens=24, stream=True)
     assert "output_log_probs" not in plain and all("output_ids" not in r.outputs for r in plain_responses[:-1])
 

@@ -30,6 +30,7 @@ def remote_generate(
     bad_words: Sequence[str] | None = None,
     penalties: Penalties = Penalties(),
     logprobs: bool = False,
+    top_logprobs: int = 0,
     json_out: bool = False,
     timeout_s: float = 600.0,
 ) -> None:
@@ -55,6 +56,7 @@ def remote_generate(
         bad_words=tuple(bad_words or ()),
         penalties=penalties,
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )
 
     def show(text: str) -> None:

@@ -35,6 +35,7 @@ def generate(
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtracted from the logits of tokens already in the text, prompt included (TensorRT-LLM's).")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Times a token's count in the text, prompt included, subtracted from its logit (TensorRT-LLM's).")] = 0.0,
     logprobs: Annotated[bool, typer.Option("--logprobs", help="Each token's log-probability (--json: a list beside the token ids; else their sum on stderr; TensorRT-LLM's return_log_probs).")] = False,
+    top_logprobs: Annotated[int, typer.Option("--top-logprobs", help="With --logprobs: also the N most likely tokens at each position (0..20; --json: [id, logprob] pairs, best first).")] = 0,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     target_precision: Annotated[str, typer.Option("--target-precision", help="auto|fp32|bf16|fp16|int8|int4")] = "auto",
     draft_precision: Annotated[str, typer.Option("--draft-precision", help="auto|fp32|bf16|fp16|int8|int4 (int4: CPU; the layers' matrices from the float weights; with --demo, auto is int4 where it runs well, else the INT8 copy)")] = "auto",
@@ -62,7 +63,7 @@ def generate(
                         drafter=drafter.value if drafter is not None else None,
                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                         min_tokens=min_tokens, ignore_eos=ignore_eos, bad_words=bad_word, penalties=penalties,
-                        logprobs=logprobs, json_out=json_out)
+                        logprobs=logprobs, top_logprobs=top_logprobs, json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
@@ -103,6 +104,7 @@ def generate(
             drafter=drafter,
             bad_words=tok.encode_words(bad_word or ()),
             logprobs=logprobs,
+            top_logprobs=top_logprobs,
         )
         gen = pair.decoder().stream(request, FixedDraftLength(k if use_draft else 0))
         for chunk in gen:

@@ -70,6 +70,7 @@ from trtspec.decoding.types import (
     Proposal,
     SpecStats,
     StreamChunk,
+    TopLogprobs,
 )
 from trtspec.decoding.verifying import Verdict, verify
 
@@ -146,6 +147,7 @@ class Generation(Iterator[StreamChunk]):
         self.draft_error: BaseException | None = None  # the last draft failure
         self._late_drafts = 0
         self._logprobs: list[float] | None = [] if request.logprobs else None  # of the emitted tokens
+        self._top: list[TopLogprobs] | None = [] if request.top_logprobs else None  # at each emitted token
         seed = request.sampling.seed
         self._generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self._checker = StopChecker(request.stop, decoder.detokenizer)
@@ -174,6 +176,7 @@ class Generation(Iterator[StreamChunk]):
             finish_reason=self._checker.finish_reason,
             stats=self.stats,
             logprobs=None if self._logprobs is None else list(self._logprobs),
+            top_logprobs=None if self._top is None else list(self._top),
         )
 
     # -- the loop ---------------------------------------------------------
@@ -212,10 +215,12 @@ class Generation(Iterator[StreamChunk]):
                 if self.stats.time_to_first_token_s is None:
                     self.stats.time_to_first_token_s = clock() - started
                 self.stats.total_time_s = clock() - started
-                logprobs = step.verdict.logprobs[: len(emitted)]
+                logprobs, top = step.verdict.logprobs[: len(emitted)], step.verdict.top_logprobs[: len(emitted)]
                 if self._logprobs is not None:
                     self._logprobs.extend(logprobs)
-                yield StreamChunk(tuple(emitted), self._checker.take_new_text(), logprobs)
+                if self._top is not None:
+                    self._top.extend(top)
+                yield StreamChunk(tuple(emitted), self._checker.take_new_text(), logprobs, top)
                 if self._checker.done:
                     break  # exit: EOS / stop token / stop string / max new tokens
             tail = self._checker.take_new_text()
@@ -265,7 +270,7 @@ class Generation(Iterator[StreamChunk]):
         # A drafter may propose fewer than k tokens (an engine at its end id): k is what it sent.
         rules = self.request.rules(tokens, len(self._checker.token_ids), proposal.tokens)
         verdict = verify(target, tokens[target.num_cached :], proposal, sp, self._generator, rules,
-                         self.request.logprobs)
+                         self.request.logprobs, self.request.top_logprobs)
         name = drafter.name if drafter is not None and k > 0 else ""
         return _Step(proposal.tokens, verdict, t1 - t0, clock() - t1, draft_failed, name)
 

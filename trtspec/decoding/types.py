@@ -36,6 +36,11 @@ import torch
 from trtspec.errors import InvalidRequestError
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+# The most likely tokens at one position and their log-probabilities, best first: ((id, logprob), ...).
+# Fewer than asked where fewer could be chosen (sampling: outside top-k/top-p the probability is 0).
+TopLogprobs = tuple[tuple[int, float], ...]
+
 @dataclass(frozen=True)
 class Penalties:
     """TensorRT-LLM's repetition, presence and frequency penalties (its ``batchApplyPenalty``): an id that
@@ -200,12 +205,19 @@ class GenerationRequest:
     # the target chose it from (greedy: its logits after the rules above; sampling: after temperature,
     # top-k and top-p), the same with speculation on or off.
     logprobs: bool = False
+    # With logprobs: at each position also the top_logprobs most likely tokens of that distribution and
+    # theirs, best first (OpenAI's top_logprobs; 0..MAX_TOP_LOGPROBS).
+    top_logprobs: int = 0
 
     def validate(self, vocab_size: int | None = None) -> None:
         if len(self.prompt_ids) == 0:
             raise InvalidRequestError("prompt is empty: at least one token is needed")
         if any(not word for word in self.bad_words):
             raise InvalidRequestError("a bad word must hold at least one token")
+        if not (isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs (return_log_probs) on")
         if vocab_size is not None:
             bad = [t for t in self.prompt_ids if not (0 <= t < vocab_size)]
             if bad:
@@ -397,6 +409,7 @@ class StreamChunk:
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[float, ...] = ()  # [len(token_ids)] when the request asked for them
+    top_logprobs: tuple[TopLogprobs, ...] = ()  # [len(token_ids)] when the request asked for them
 
 
 @dataclass
@@ -406,6 +419,7 @@ class GenerationResult:
     finish_reason: FinishReason
     stats: SpecStats
     logprobs: list[float] | None = None  # [len(token_ids)]; None unless the request asked for them
+    top_logprobs: list[TopLogprobs] | None = None  # [len(token_ids)]; None unless the request asked for them
 
     def to_dict(self) -> dict:
         out = {
@@ -416,6 +430,8 @@ class GenerationResult:
         }
         if self.logprobs is not None:
             out["logprobs"] = list(self.logprobs)
+        if self.top_logprobs is not None:
+            out["top_logprobs"] = [[list(pair) for pair in top] for top in self.top_logprobs]
         return out
 
 

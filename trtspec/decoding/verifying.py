@@ -29,7 +29,7 @@ import torch
 
 from trtspec.decoding.acceptance import greedy_accept, match_draws, rejection_sample, warp_probs
 from trtspec.decoding.protocols import DraftVerifier, LMSession, argmax_ids
-from trtspec.decoding.types import LogitRules, Proposal, SamplingParams
+from trtspec.decoding.types import LogitRules, Proposal, SamplingParams, TopLogprobs
 from trtspec.errors import InvalidRequestError
 
 
@@ -47,6 +47,7 @@ class Verdict:
     # With logprobs asked: the log-probability of each of the accepted drafts and of next_token, in the
     # row it was chosen from ([accepted + 1]); () otherwise.
     logprobs: tuple[float, ...] = ()
+    top_logprobs: tuple[TopLogprobs, ...] = ()  # [accepted + 1] with top_logprobs asked
 
 
 def verify(
@@ -57,9 +58,11 @@ def verify(
     generator: torch.Generator | None,
     rules: LogitRules | None = None,
     logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> Verdict:
     """Append ``token_ids`` (committed tokens the cache lacks) and the drafts; decide (``rules``: what
-    the request does to each row's logits first; ``logprobs``: report the kept tokens' log-probabilities).
+    the request does to each row's logits first; ``logprobs``: report the kept tokens' log-probabilities,
+    and the ``top_logprobs`` most likely tokens' of their rows).
 
     Afterwards the cache holds ``token_ids`` and the drafts, or (a
     ``DraftVerifier``) only the accepted ones; the caller truncates.
@@ -82,8 +85,9 @@ def verify(
         logits = _logits(session, fresh, k, rules, sampling)  # [k+1, vocab]
         choice = logits.argmax(dim=-1).tolist()
         n_acc, nxt = greedy_accept(drafted, choice)
-        lp = _kept_logprobs(torch.log_softmax(logits.float(), dim=-1), drafted, n_acc, nxt) if logprobs else ()
-        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]), lp)
+        logp = torch.log_softmax(logits.float(), dim=-1) if logprobs else None  # [k+1, vocab]
+        return Verdict(n_acc, nxt, k > 0 and n_acc == k, tuple(choice[:k]),
+                       *_kept_logprobs(logp, drafted, n_acc, nxt, top_logprobs))
     start = session.num_cached + len(token_ids)  # sequence position of the first token drawn
     p = warp_probs(_logits(session, fresh, k, rules, sampling), sampling)  # [k+1, vocab]
     if sampling.exact:  # position-keyed draws, token matching: the same output with speculation off
@@ -94,14 +98,26 @@ def verify(
         q = proposal.q if proposal.q is not None else p.new_zeros((0, p.shape[1]))  # [k, vocab]
         x = torch.tensor(drafted, dtype=torch.int64)  # [k]
         n_acc, nxt, bonus = rejection_sample(x, q, p, generator)
-    lp = _kept_logprobs(torch.log(p), drafted, n_acc, nxt) if logprobs else ()
-    return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()), lp)
+    logp = torch.log(p) if logprobs else None
+    return Verdict(n_acc, nxt, bonus, tuple(drafted[:n_acc]) + ((nxt,) if n_acc < k else ()),
+                   *_kept_logprobs(logp, drafted, n_acc, nxt, top_logprobs))
 
 
-def _kept_logprobs(logp: torch.Tensor, drafted: list[int], n_acc: int, nxt: int) -> tuple[float, ...]:
-    """``logp [k+1, vocab]`` at the kept tokens: the accepted drafts (rows 0..n_acc-1), then ``nxt``."""
+def _kept_logprobs(logp: torch.Tensor | None, drafted: list[int], n_acc: int, nxt: int,
+                   top: int) -> tuple[tuple[float, ...], tuple[TopLogprobs, ...]]:
+    """``logp [k+1, vocab]`` (None: not asked) at the kept tokens, the accepted drafts (rows 0..n_acc-1)
+    then ``nxt``; and each kept row's ``top`` most likely tokens, those that could be chosen."""
+    if logp is None:
+        return (), ()
+    rows = logp[: n_acc + 1]  # [n_acc + 1, vocab]
     kept = torch.tensor(drafted[:n_acc] + [nxt], dtype=torch.int64)  # [n_acc + 1]
-    return tuple(logp[torch.arange(n_acc + 1), kept].tolist())
+    chosen = tuple(rows[torch.arange(n_acc + 1), kept].tolist())
+    if not top:
+        return chosen, ()
+    values, ids = torch.topk(rows, min(top, rows.shape[-1]), dim=-1)  # [n_acc + 1, top], best first
+    best = tuple(tuple((i, v) for i, v in zip(row_ids, row_values) if v != float("-inf"))
+                 for row_ids, row_values in zip(ids.tolist(), values.tolist()))
+    return chosen, best
 
 
 def _logits(session: LMSession, fresh: list[int], k: int, rules: LogitRules | None,

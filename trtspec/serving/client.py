@@ -31,7 +31,7 @@ import numpy as np
 
 from trtspec.decoding.types import Penalties
 from trtspec.errors import TrtspecError, one_line
-from trtspec.wire import SPEC_DECODE, SPEC_DECODE_INPUTS
+from trtspec.wire import SPEC_DECODE, SPEC_DECODE_INPUTS, top_pairs
 
 OnText = Callable[[str], None]
 
@@ -65,6 +65,7 @@ class GenerateParams:
     min_tokens: int | None = None  # no EOS among the first this many tokens
     penalties: Penalties = Penalties()  # TensorRT-LLM's repetition, presence and frequency penalties
     logprobs: bool = False  # return_log_probs: each output token's log-probability
+    top_logprobs: int = 0  # with logprobs: the most likely tokens at each position too
 
     def fields(self) -> dict[str, Any]:
         """Input name -> value, for the inputs this request sets."""
@@ -81,6 +82,8 @@ class GenerateParams:
             out.update(self.penalties.inputs())
         if self.logprobs:
             out["return_log_probs"] = True
+        if self.top_logprobs:
+            out["top_logprobs"] = int(self.top_logprobs)
         return out
 
 
@@ -99,6 +102,7 @@ class ClientResult:
     chunks: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None  # [len(output_ids)], when the request asked for them
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # [len(output_ids)]: (id, logprob), best first
 
     @property
     def tokens_per_s(self) -> float:
@@ -312,6 +316,7 @@ class StreamEvent:
     # With logprobs asked: the tokens this piece's iteration emitted and their log-probabilities
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] = ()
+    top_logprobs: tuple[list[tuple[int, float]], ...] = ()  # with top_logprobs asked
 
 
 async def stream_infer_aio(client: Any, model: str, inputs: list, *, request_id: str = "") -> AsyncIterator[StreamedResponse]:
@@ -375,8 +380,8 @@ async def generate_aio(
             ttft = r.at_s if ttft is None else ttft
             chunks.append(text)
         if text or piece:
-            yield StreamEvent(text, None, tuple(_ids(r.outputs)), tuple(_logprobs(r.outputs))) if piece else \
-                StreamEvent(text)
+            yield StreamEvent(text, None, tuple(_ids(r.outputs)), tuple(_logprobs(r.outputs)),
+                              tuple(_top(r.outputs))) if piece else StreamEvent(text)
         if r.final:
             result = _result(chunks, r.outputs, protocol="grpc", total_s=r.at_s)
             result.ttft_s = ttft
@@ -523,6 +528,7 @@ def _result(chunks: list[str], final: Mapping[str, np.ndarray], *, protocol: str
         chunks=chunks,
         output_ids=_ids(final),
         logprobs=_logprobs(final) if "output_log_probs" in final else None,
+        top_logprobs=_top(final) if "top_output_ids" in final else None,
     )
 
 
@@ -532,3 +538,14 @@ def _ids(outputs: Mapping[str, np.ndarray]) -> list[int]:
 
 def _logprobs(outputs: Mapping[str, np.ndarray]) -> list[float]:
     return [float(x) for x in np.asarray(outputs.get("output_log_probs", [])).reshape(-1)]
+
+
+def _top(outputs: Mapping[str, np.ndarray]) -> list[list[tuple[int, float]]]:
+    """``top_output_ids`` / ``top_log_probs`` as each position's ``(id, logprob)`` pairs (none: [])."""
+    if "top_output_ids" not in outputs:
+        return []
+    positions = len(_ids(outputs))  # one row each ([1, n, N] over gRPC; Triton's generate endpoint sends it flat)
+    if not positions:
+        return []
+    ids, values = np.asarray(outputs["top_output_ids"]), np.asarray(outputs["top_log_probs"])
+    return top_pairs(ids.reshape(positions, -1), values.reshape(positions, -1))

@@ -29,7 +29,7 @@ import numpy as np
 
 from trtspec.errors import InvalidRequestError
 from trtspec.wire import Priority, Speculation
-from trtspec.decoding.types import DrafterKind, Penalties, SamplingParams
+from trtspec.decoding.types import MAX_TOP_LOGPROBS, DrafterKind, Penalties, SamplingParams
 
 E = TypeVar("E", bound=enum.Enum)
 Lookup = Callable[[str], Any]  # numpy array (an input tensor), a JSON scalar/list (a parameter), or None
@@ -62,6 +62,7 @@ class ServeRequest:
     request_id: str = ""
     drafter: DrafterKind | None = None  # None: the model's default_drafter
     logprobs: bool = False  # TensorRT-LLM's return_log_probs: output_log_probs and cum_log_probs sent
+    top_logprobs: int = 0  # with logprobs: the most likely tokens at each position too (top_output_ids, top_log_probs)
 
     @classmethod
     def make_dummy(cls, text: str = "Hello world", max_tokens: int = 4) -> ServeRequest:
@@ -106,7 +107,7 @@ def parse_request(
         min_tokens=min_tokens,
         request_id=request_id,
         drafter=drafter,
-        logprobs=bool(_bool(get, "return_log_probs")),
+        **_logprobs(get),
     )
 
 
@@ -190,6 +191,16 @@ def _min_tokens(get: Lookup, max_tokens: int) -> int:
     if not 0 <= value <= max_tokens:
         raise InvalidRequestError(f"{name} must be >= 0 and <= max_tokens ({max_tokens}), got {_short(value)}")
     return value
+
+
+def _logprobs(get: Lookup) -> dict[str, Any]:
+    """``return_log_probs`` and ``top_logprobs`` (0..MAX_TOP_LOGPROBS, with return_log_probs on)."""
+    logprobs, top = bool(_bool(get, "return_log_probs")), _int(get, "top_logprobs") or 0
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs must be >= 0 and <= {MAX_TOP_LOGPROBS}, got {_short(top)}")
+    if top and not logprobs:
+        raise InvalidRequestError(f"top_logprobs {top} needs return_log_probs true")
+    return {"logprobs": logprobs, "top_logprobs": top}
 
 
 def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, int | None]:

@@ -50,6 +50,7 @@ from trtspec.decoding import (
     SamplingParams,
     SpeculativeDecoder,
     StopCriteria,
+    StreamChunk,
 )
 from trtspec.errors import InvalidRequestError, ModelCallError, ModelTimeoutError, one_line
 from trtspec.obs import RejectionTracer, SpecMetrics, TokenTimer
@@ -68,8 +69,9 @@ class Reply(Protocol):
 
     def is_cancelled(self) -> bool: ...
 
-    def send_text(self, text: str, token_ids: Sequence[int] = (), logprobs: Sequence[float] | None = None) -> None:
-        """A streamed piece: new text; with ``logprobs`` (the request asked), the iteration's tokens and theirs."""
+    def send_text(self, text: str, tokens: StreamChunk | None = None) -> None:
+        """A streamed piece: new text; with ``tokens`` (the request asked for log-probabilities), the
+        iteration's tokens and their log-probabilities."""
 
     def send_final(self, text: str, result: GenerationResult, num_input_tokens: int) -> None: ...
 
@@ -316,7 +318,7 @@ class RequestService:
         for chunk in gen:
             tally.timer.tokens(len(chunk.token_ids))
             if sreq.stream and (chunk.text or (sreq.logprobs and chunk.token_ids)):
-                reply.send_text(chunk.text, chunk.token_ids, chunk.logprobs if sreq.logprobs else None)
+                reply.send_text(chunk.text, chunk if sreq.logprobs else None)
         result = gen.result
         if result.stats.draft_errors:
             what = "was late" if isinstance(gen.draft_error, ModelTimeoutError) else "failed"
@@ -352,6 +354,7 @@ class RequestService:
             drafter=drafter,
             bad_words=self.tokenizer.encode_words(sreq.bad_words),
             logprobs=sreq.logprobs,
+            top_logprobs=sreq.top_logprobs,
         )
 
     def _done_in_flight(self) -> None:

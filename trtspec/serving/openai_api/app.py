@@ -177,7 +177,8 @@ class _Proxy:
             while event.result is None:
                 ttft = time.perf_counter() - t0 if ttft is None and event.text else ttft
                 yield head + sse(renderer.chunk(event.text, with_usage_field=include_usage,
-                                                token_ids=event.token_ids, logprobs=event.logprobs))
+                                                token_ids=event.token_ids, logprobs=event.logprobs,
+                                                top=event.top_logprobs))
                 head = ""
                 event = await anext(events)
             yield head + sse(renderer.chunk(result=event.result, with_usage_field=include_usage))

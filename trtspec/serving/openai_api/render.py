@@ -7,9 +7,10 @@ drafted), the words and figures of ``spec_decode``'s outputs.
 
 With log-probabilities asked (``token_texts``: each token id's own text), a choice's
 ``logprobs`` holds one entry per generated token, the end-of-sequence token
-included: chat ``{"content": [{"token", "logprob", "bytes", "top_logprobs": []}]}``,
-completions ``{"tokens", "token_logprobs", "top_logprobs": null, "text_offset"}``;
-streamed, each chunk the tokens generated since the last.
+included: chat ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+"logprob", "bytes"}, ...]}]}``, completions ``{"tokens", "token_logprobs", "top_logprobs":
+[{token: logprob, ...}, ...] (null with logprobs 0), "text_offset"}``; streamed, each chunk
+the tokens generated since the last.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from trtspec.serving.client import ClientResult
 from trtspec.serving.openai_api.schema import Usage
@@ -67,7 +69,7 @@ class Renderer:
     def body(self, result: ClientResult) -> dict:
         """The whole answer (``stream: false``)."""
         finish = FINISH_REASONS.get(result.finish_reason or "", "stop")
-        logprobs = self.logprobs(result.output_ids, result.logprobs or ())
+        logprobs = self.logprobs(result.output_ids, result.logprobs or (), result.top_logprobs or ())
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
                       "logprobs": logprobs, "finish_reason": finish}
@@ -77,11 +79,12 @@ class Renderer:
                 "trtspec": speculation_figures(result)}
 
     def chunk(self, text: str | None = None, *, role: bool = False, result: ClientResult | None = None,
-              with_usage_field: bool = False, token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> dict:
-        """One stream chunk: new text (and its tokens' ``logprobs``), the opening role (chat), or the
-        closing finish reason (``result``)."""
+              with_usage_field: bool = False, token_ids: Sequence[int] = (), logprobs: Sequence[float] = (),
+              top: Sequence[Sequence[tuple[int, float]]] = ()) -> dict:
+        """One stream chunk: new text (and its tokens' ``logprobs`` and ``top`` alternatives), the opening
+        role (chat), or the closing finish reason (``result``)."""
         finish = FINISH_REASONS.get(result.finish_reason or "", "stop") if result is not None else None
-        lp = self.logprobs(token_ids, logprobs) if token_ids else None
+        lp = self.logprobs(token_ids, logprobs, top) if token_ids else None
         if self.kind == "chat":
             delta: dict = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
@@ -94,20 +97,37 @@ class Renderer:
             out["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is on
         return out
 
-    def logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> dict | None:
-        """A choice's ``logprobs`` for these tokens (None unless they were asked for)."""
+    def logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float],
+                 top: Sequence[Sequence[tuple[int, float]]] = ()) -> dict | None:
+        """A choice's ``logprobs`` for these tokens and each one's ``top`` alternatives (``(id, logprob)``,
+        best first; () when not asked); None unless log-probabilities were asked for."""
         if self.token_texts is None:
             return None
         texts = self.token_texts(token_ids)
+        alternatives = [list(zip(self.token_texts([i for i, _ in row]), (lp for _, lp in row))) for row in top]
         if self.kind == "chat":
-            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-                                for t, lp in zip(texts, logprobs)], "refusal": None}
-        offsets = []
-        for t in texts:
-            offsets.append(self._offset)
-            self._offset += len(t)
-        return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
+            rows = alternatives or [[] for _ in texts]
+            return {"content": [{**_entry(t, lp), "top_logprobs": [_entry(*alt) for alt in row]}
+                                for t, lp, row in zip(texts, logprobs, rows)], "refusal": None}
+        ends = list(accumulate((len(t) for t in texts), initial=self._offset))  # [len(texts) + 1]
+        offsets, self._offset = ends[:-1], ends[-1]
+        return {"tokens": texts, "token_logprobs": list(logprobs),
+                "top_logprobs": [_by_text(row) for row in alternatives] if top else None, "text_offset": offsets}
 
     def usage_chunk(self, result: ClientResult) -> dict:
         """The last chunk with ``stream_options.include_usage``: no choices, the usage."""
         return {**self._head(True), "choices": [], "usage": usage(result).to_dict()}
+
+
+def _by_text(row: list[tuple[str, float]]) -> dict[str, float]:
+    """Completions' ``{token text: logprob}``, best first; two tokens of one text (pieces of a character
+    both read U+FFFD) keep the better one."""
+    out: dict[str, float] = {}
+    for text, logprob in row:
+        out.setdefault(text, logprob)
+    return out
+
+
+def _entry(text: str, logprob: float) -> dict:
+    """One token of chat's ``logprobs.content`` (or of its ``top_logprobs``)."""
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}

@@ -2,9 +2,10 @@
 
 Field names, types and defaults are OpenAI's (``temperature`` and ``top_p``
 default to 1, as there). A field we cannot honour with a value other than its
-neutral one (``n`` > 1, ``top_logprobs``, ``logit_bias``, tools, ...) is refused with a
-400 naming it; ``logprobs`` (chat: true; completions: 0) gives each generated token's
-log-probability, as ``spec_decode``'s ``return_log_probs`` does; fields we do not know are ignored, as OpenAI's own server
+neutral one (``n`` > 1, ``logit_bias``, tools, ...) is refused with a
+400 naming it; ``logprobs`` (chat: true, with ``top_logprobs`` 0..20; completions: 0..5)
+gives each generated token's log-probability and the most likely tokens', as
+``spec_decode``'s ``return_log_probs`` and ``top_logprobs`` do; fields we do not know are ignored, as OpenAI's own server
 ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
 ``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
@@ -79,8 +80,14 @@ class _Request(BaseModel):
 
     @property
     def wants_logprobs(self) -> bool:
-        """Each generated token's log-probability asked for (chat: ``logprobs``; completions: ``logprobs: 0``)."""
+        """Each generated token's log-probability asked for (chat: ``logprobs``; completions: ``logprobs``)."""
         return False
+
+    @property
+    def num_top_logprobs(self) -> int:
+        """How many of the most likely tokens at each position besides (chat: ``top_logprobs``;
+        completions: ``logprobs``)."""
+        return 0
 
     def refuse_unsupported(self) -> None:
         """400 for each field set to something we cannot do (the neutral values pass)."""
@@ -109,6 +116,7 @@ class _Request(BaseModel):
             min_tokens=self.min_tokens or None,
             penalties=Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty),
             logprobs=self.wants_logprobs,
+            top_logprobs=self.num_top_logprobs,
         )
 
     @property
@@ -151,11 +159,14 @@ class ChatCompletionRequest(_Request):
     def wants_logprobs(self) -> bool:
         return self.logprobs
 
+    @property
+    def num_top_logprobs(self) -> int:
+        return self.top_logprobs or 0
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.top_logprobs:
-            raise OpenAIError(400, f"top_logprobs {self.top_logprobs}: this server returns the chosen token's "
-                                   "log-probability only (top_logprobs 0)", "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise OpenAIError(400, f"top_logprobs {self.top_logprobs} needs logprobs true", "top_logprobs")
         if self.tools:
             raise OpenAIError(400, "tools are not supported by this server", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
@@ -181,6 +192,10 @@ class CompletionRequest(_Request):
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None
 
+    @property
+    def num_top_logprobs(self) -> int:
+        return self.logprobs or 0
+
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if isinstance(self.prompt, list) and any(not isinstance(p, str) for p in self.prompt):
@@ -191,9 +206,6 @@ class CompletionRequest(_Request):
         for name, neutral in (("echo", False), ("suffix", None)):
             if getattr(self, name) not in (neutral, ""):
                 raise OpenAIError(400, f"{name} is not supported by this server", name)
-        if self.logprobs:
-            raise OpenAIError(400, f"logprobs {self.logprobs}: this server returns the chosen token's "
-                                   "log-probability only (logprobs 0)", "logprobs")
         if self.best_of not in (None, 1):
             raise OpenAIError(400, f"best_of {self.best_of}: this server returns one choice per request", "best_of")
 

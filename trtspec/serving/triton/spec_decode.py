@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trtspec.decoding import GenerationResult
+from trtspec.decoding import GenerationResult, StreamChunk
+from trtspec.decoding.types import TopLogprobs
 from trtspec.errors import one_line
 from trtspec.obs import TritonMetricSink
 from trtspec.serving.request import Lookup
@@ -29,7 +30,7 @@ from trtspec.serving.triton import error_code, load_pb_utils, model_parameters
 from trtspec.serving.triton.bls import BLSLanguageModel, RemoteModel
 from trtspec.serving.triton.health import DeploymentHealth, HealthConfig
 from trtspec.serving.triton.trtllm_bls import TrtllmLanguageModel
-from trtspec.wire import SPEC_DECODE, SpecDecodeParams
+from trtspec.wire import SPEC_DECODE, SpecDecodeParams, top_arrays
 
 
 class TritonPythonModel:
@@ -130,12 +131,12 @@ class _Reply:
     def is_cancelled(self) -> bool:
         return not self.final_sent and bool(self._sender.is_cancelled())
 
-    def send_text(self, text: str, token_ids: Sequence[int] = (), logprobs: Sequence[float] | None = None) -> None:
+    def send_text(self, text: str, tokens: StreamChunk | None = None) -> None:
         assert not self.final_sent, "send after the final flag"
         outputs = _text_tensors(self._pb, text)
-        if logprobs is not None:
-            outputs += [self._pb.Tensor("output_ids", np.array([token_ids], dtype=np.int64).reshape(1, -1)),
-                        self._pb.Tensor("output_log_probs", _log_probs(logprobs))]
+        if tokens is not None:
+            outputs += [self._pb.Tensor("output_ids", np.array([tokens.token_ids], dtype=np.int64).reshape(1, -1)),
+                        *_log_prob_tensors(self._pb, tokens.logprobs, tokens.top_logprobs)]
         self._sender.send(self._pb.InferenceResponse(output_tensors=outputs))
 
     def send_final(self, text: str, result: GenerationResult, num_input_tokens: int) -> None:
@@ -181,21 +182,22 @@ def _final_tensors(pb: Any, result: GenerationResult, num_input_tokens: int) -> 
         one("total_accepted_draft_tokens", s.accepted_tokens, np.int32),
         one("acceptance_rate", rate if rate is not None else 0.0, np.float32),
         pb.Tensor("output_ids", np.array([result.token_ids], dtype=np.int64).reshape(1, -1)),
-        *_log_prob_tensors(pb, result.logprobs),
+        *_log_prob_tensors(pb, result.logprobs, result.top_logprobs),
+        *([pb.Tensor("cum_log_probs", np.array([[sum(result.logprobs)]], dtype=np.float32))]
+          if result.logprobs is not None else []),  # [batch 1, beam 1]
     ]
 
 
-def _log_prob_tensors(pb: Any, logprobs: list[float] | None) -> list:
-    """TensorRT-LLM's ``output_log_probs`` ``[batch, beam, tokens]`` and ``cum_log_probs`` ``[batch, beam]``
-    of the whole output, when the request asked for them."""
+def _log_prob_tensors(pb: Any, logprobs: Sequence[float] | None, top: Sequence[TopLogprobs] | None) -> list:
+    """TensorRT-LLM's ``output_log_probs`` ``[batch 1, beam 1, tokens]`` when the request asked for them;
+    with ``top``, ``top_output_ids`` and ``top_log_probs`` ``[batch 1, tokens, N]`` (wire.py)."""
     if logprobs is None:
         return []
-    return [pb.Tensor("output_log_probs", _log_probs(logprobs)),
-            pb.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32))]
-
-
-def _log_probs(logprobs: Sequence[float]) -> np.ndarray:
-    return np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)  # [batch 1, beam 1, tokens]
+    out = [pb.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1))]
+    if top:
+        ids, values = top_arrays(top)
+        out += [pb.Tensor("top_output_ids", ids[None]), pb.Tensor("top_log_probs", values[None])]
+    return out
 
 
 def _text_tensors(pb: Any, text: str) -> list:
