@@ -35,11 +35,11 @@ import torch
 
 from trtspec.errors import InvalidRequestError
 
-
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 # The most likely tokens at one position and their log-probabilities, best first: ((id, logprob), ...).
 # Fewer than asked where fewer could be chosen (sampling: outside top-k/top-p the probability is 0).
 TopLogprobs = tuple[tuple[int, float], ...]
+
 
 @dataclass(frozen=True)
 class Penalties:

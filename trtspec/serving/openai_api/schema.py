@@ -3,10 +3,10 @@
 Field names, types and defaults are OpenAI's (``temperature`` and ``top_p``
 default to 1, as there). A field we cannot honour with a value other than its
 neutral one (``n`` > 1, ``logit_bias``, tools, ...) is refused with a
-400 naming it; ``logprobs`` (chat: true, with ``top_logprobs`` 0..20; completions: 0..5)
-gives each generated token's log-probability and the most likely tokens', as
-``spec_decode``'s ``return_log_probs`` and ``top_logprobs`` do; fields we do not know are ignored, as OpenAI's own server
-ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
+400 naming it; ``logprobs`` (chat: true, with ``top_logprobs`` 0..20; completions:
+0..5) gives each generated token's log-probability and the most likely tokens',
+as ``spec_decode``'s ``return_log_probs`` and ``top_logprobs`` do; fields we do
+not know are ignored, as OpenAI's own server ignores them. Extensions, sent by the OpenAI SDK through ``extra_body``:
 ``speculation`` (``auto | on | off``), ``priority`` (``high | normal | low``),
 ``drafter`` (``model | ngram | suffix | auto``) and ``top_k``; and vLLM's
 ``ignore_eos`` (what ``vllm bench serve --ignore-eos`` and other load generators
