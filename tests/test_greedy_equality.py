@@ -93,6 +93,29 @@ def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, t
 
 
 @pytest.mark.parametrize("k", [0, 3, 5])
+def test_logit_bias_matches_transformers_sequence_bias(tiny_pair, tiny_target, k):
+    """A bias on single tokens: transformers' own ``sequence_bias`` (one-token sequences) is the reference."""
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.decoding import LogitBias
+
+    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    changed = 0
+    for text in TINY_PROMPTS:
+        ids = tok.encode_prompt(text)
+        plain = hf_greedy(tiny_target, ids, 24)
+        bias = {plain[2]: -5.0, plain[6]: -2.5, (plain[4] + 1) % 384: 3.0}
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             sequence_bias={(t,): v for t, v in bias.items()})[0, len(ids):].tolist()
+        r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(logit_bias=LogitBias.of(bias.items())))
+        out = dec.generate(r, FixedDraftLength(k))
+        assert out.token_ids == ref, text
+        changed += ref != plain
+    assert changed >= len(TINY_PROMPTS) - 1
+
+
+@pytest.mark.parametrize("k", [0, 3, 5])
 @pytest.mark.parametrize("repetition", [1.0, 1.8])
 def test_logprobs_match_transformers_scores(tiny_pair, tiny_target, k, repetition):
     """Each token's log-probability and its row's three best: the log-softmax of transformers' own scores at

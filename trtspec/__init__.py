@@ -1,3 +1,3 @@
 """trtspec: speculative decoding on Triton Inference Server, with guard rails."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

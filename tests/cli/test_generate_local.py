@@ -89,6 +89,23 @@ def test_generate_logprobs_are_the_target_alones_speculating(tiny_target, tiny_d
     assert "logprobs" not in json.loads(runner.invoke(app, args[:-1] + ["--json"]).stdout)
 
 
+def test_generate_logit_bias_is_the_target_alones_under_the_same_bias(tiny_target, tiny_draft):
+    from trtspec.decoding import LogitBias
+
+    args = ["generate", "--local", "--target", str(tiny_target), "--draft", str(tiny_draft), "--prompt", "Numbers 0 1 2",
+            "--max-tokens", "20", "--k", "3", "--json"]
+    plain = json.loads(runner.invoke(app, args).stdout)["token_ids"]
+    out = json.loads(runner.invoke(app, args + ["--logit-bias", f"{plain[2]}=-50", "--logit-bias", "5=2.5"]).stdout)
+    pair = load_pair(tiny_target, None)
+    ids = tuple(pair.target.tokenizer.encode_prompt("Numbers 0 1 2"))
+    bias = LogitBias.of([(plain[2], -50.0), (5, 2.5)])
+    ref = pair.decoder().generate(GenerationRequest(ids, StopCriteria(20), SamplingParams(logit_bias=bias)),
+                                  FixedDraftLength(0))
+    assert out["token_ids"] == ref.token_ids != plain and plain[2] not in ref.token_ids
+    bad = runner.invoke(app, args + ["--logit-bias", "5:2"])
+    assert bad.exit_code == 1 and bad.stderr == "error: --logit-bias takes ID=VALUE (a token id and a number), got '5:2'\n"
+
+
 def test_generate_with_a_free_drafter_needs_no_draft_model(tiny_target):
     prompt = "one two three four one two three four one two"
     args = ["generate", "--local", "--target", str(tiny_target), "--drafter", "ngram",

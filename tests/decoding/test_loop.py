@@ -15,6 +15,7 @@ from trtspec.decoding import (
     FinishReason,
     FixedDraftLength,
     GenerationRequest,
+    LogitBias,
     Penalties,
     SamplingParams,
     SpeculativeDecoder,
@@ -228,6 +229,61 @@ def test_the_draft_applies_the_penalties_too_so_a_copy_of_the_target_is_always_r
     out = SpeculativeDecoder(target, _OneCallDraft(draft) if one_call else draft).generate(r, FixedDraftLength(4))
     assert out.stats.acceptance_rate == 1.0 and out.stats.drafted_tokens >= 30
     assert out.token_ids != target_alone(target, req(prompt=(4, 9, 4), max_new=40)).token_ids
+
+
+BIAS = LogitBias.of([(3, 4.0), (7, -30.0), (11, 2.5)])
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_logit_bias_is_added_before_the_penalties_the_target_choosing_with_it(k):
+    """TensorRT-LLM's order (batchApplyPenalty): the bias, then the temperature, then the penalties."""
+    target = BigramLM.random(V, seed=5)
+    prompt, pen = (4, 9, 4), Penalties(repetition=1.6, presence=0.5)
+    bias = torch.zeros(V)
+    bias[list(BIAS.ids)] = torch.tensor(BIAS.values)
+    text = list(prompt)
+    for _ in range(40):
+        text.append(int(_penalised(target.table[text[-1]] + bias, text, pen).argmax()))
+    expected = text[len(prompt):]
+    plain = dataclasses.replace(req(prompt=prompt, max_new=40), sampling=SamplingParams(penalties=pen))
+    assert expected != target_alone(target, plain).token_ids and 7 not in expected  # the bias changed the answer
+    draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
+    r = dataclasses.replace(plain, sampling=SamplingParams(penalties=pen, logit_bias=BIAS))
+    out = SpeculativeDecoder(target, draft).generate(r, FixedDraftLength(k))
+    assert out.token_ids == expected
+    if k:
+        assert out.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("one_call", [False, True])
+def test_the_draft_adds_the_logit_bias_too_so_a_copy_of_the_target_is_always_right(one_call):
+    target = BigramLM.random(V, seed=5)
+    draft = BigramLM(target.table.clone())
+    r = GenerationRequest((4, 9, 4), StopCriteria(40), SamplingParams(logit_bias=LogitBias.of([(3, 6.0), (7, 4.0)])))
+    out = SpeculativeDecoder(target, _OneCallDraft(draft) if one_call else draft).generate(r, FixedDraftLength(4))
+    assert out.stats.acceptance_rate == 1.0 and out.stats.drafted_tokens >= 30
+    assert out.token_ids != target_alone(target, req(prompt=(4, 9, 4), max_new=40)).token_ids
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_sampled_output_under_a_logit_bias_follows_the_biased_target(exact):
+    """The bias before the temperature: the target's distribution is softmax((logits + bias) / T)."""
+    vocab = 6
+    target = BigramLM.random(vocab, seed=21, sharpness=1.5)
+    draft = BigramLM.random(vocab, seed=22, sharpness=1.5)
+    bias = LogitBias.of([(1, 2.0), (4, -1.5)])
+    table = target.table.clone()
+    table[:, [1, 4]] += torch.tensor([2.0, -1.5])
+    _assert_follows_the_target(SpeculativeDecoder(target, draft), table,
+                               SamplingParams(temperature=0.8, exact=exact, logit_bias=bias))
+
+
+def test_a_logit_bias_for_an_id_outside_the_vocabulary_is_refused():
+    r = dataclasses.replace(req(), sampling=SamplingParams(logit_bias=LogitBias.of([(V, 1.0)])))
+    with pytest.raises(InvalidRequestError, match=f"logit bias: token id {V} is not in the vocabulary"):
+        target_alone(BigramLM.random(V, seed=1), r)
+    with pytest.raises(InvalidRequestError, match="logit bias values must be finite"):
+        SamplingParams(logit_bias=LogitBias((1,), (float("inf"),))).validate()
 
 
 @pytest.mark.parametrize("exact", [False, True])

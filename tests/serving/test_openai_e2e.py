@@ -132,6 +132,24 @@ def test_penalties_are_spec_decodes_and_change_the_answer(served, client, stream
     assert text == expected != plain.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logit_bias_is_spec_decodes_and_changes_the_answer(served, client, stream):
+    """OpenAI's logit_bias (token id -> -100..100), forwarded: -100 on a token of the plain answer keeps it out,
+    and the answer is Triton's generate with the same bias."""
+    from trtspec.decoding import LogitBias
+
+    http = served[0].endpoints.http
+    plain = generate_http(http, PROMPT, GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False))
+    banned = plain.output_ids[3]
+    params = GenerateParams(max_tokens=20, temperature=0.0, apply_chat_template=False,
+                            logit_bias=LogitBias.of([(banned, -100.0)]))
+    expected = generate_http(http, PROMPT, params)
+    r = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=20, temperature=0, stream=stream,
+                                  logit_bias={str(banned): -100})
+    text = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+    assert text == expected.text != plain.text and banned not in expected.output_ids
+
+
 def _target_logprobs(http: str, prompt: str, max_tokens: int, templated: bool, top: int):
     """Triton's generate endpoint asked for return_log_probs and top_logprobs: the token ids, their
     log-probabilities and each position's ``top`` most likely tokens."""
@@ -252,6 +270,7 @@ def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
     (dict(extra_body={"min_tokens": 8}), 400, "min_tokens must be >= 0 and <= max_tokens (4), got 8"),
     (dict(extra_body={"repetition_penalty": 0}), 400, "repetition_penalty"),
     (dict(logprobs=6), 400, "logprobs"),  # OpenAI's range: 0..5
+    (dict(logit_bias={"1000000": 5}), 400, "logit bias: token id 1000000 is not in the vocabulary"),
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
     args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}

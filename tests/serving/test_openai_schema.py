@@ -58,7 +58,8 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: CompletionRequest(model="m", prompt=[[1, 2], [3]]), "prompt"),
     (lambda: CompletionRequest(model="m", prompt="a", echo=True), "echo"),
     (lambda: CompletionRequest(model="m", prompt="a", best_of=2), "best_of"),
-    (lambda: chat(logit_bias={"42": 5.0}), "logit_bias"),
+    (lambda: chat(logit_bias={"x42": 5.0}), "logit_bias"),  # a key that is no token id
+    (lambda: chat(logit_bias={"42": 101.0}), "logit_bias"),  # OpenAI's range: -100..100
     (lambda: chat(top_logprobs=2), "top_logprobs"),  # without logprobs: OpenAI refuses it too
     (lambda: CompletionRequest(model="m", prompt="a", suffix="and then"), "suffix"),
 ])
@@ -77,6 +78,12 @@ def test_logprobs_of_the_chosen_tokens_are_asked_of_spec_decode():
         CompletionRequest(model="m", prompt="a", logprobs=6)  # OpenAI's range: 0..5
     assert "return_log_probs" not in chat().params(8, 300, apply_chat_template=False).fields()
     assert not CompletionRequest(model="m", prompt="a").wants_logprobs
+
+
+def test_logit_bias_becomes_spec_decodes_logit_bias():
+    fields = chat(logit_bias={"42": 5.0, " 7": -100}).params(8, 300, apply_chat_template=False).fields()
+    assert (fields["logit_bias_ids"], fields["logit_bias_values"]) == ([7, 42], [-100.0, 5.0])
+    assert "logit_bias_ids" not in chat(logit_bias={}).params(8, 300, apply_chat_template=False).fields()
 
 
 def test_neutral_values_of_unsupported_fields_pass():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trtspec.errors import InvalidRequestError
-from trtspec.decoding.types import DrafterKind, Penalties
+from trtspec.decoding.types import DrafterKind, LogitBias, Penalties
 from trtspec.wire import Speculation
 from trtspec.serving.request import parse_request
 
@@ -150,6 +150,10 @@ def test_top_p_zero_is_tensorrt_llms_off_and_with_top_k_off_greedy():
     (dict(min_length=-1), "min_length must be >= 0 and <= max_tokens (1), got -1"),
     (dict(min_tokens=1, min_length=0), "min_tokens 1 and min_length 0 differ; send one of them"),
     (dict(return_log_probs=True, top_logprobs=21), "top_logprobs must be >= 0 and <= 20, got 21"),
+    (dict(logit_bias_ids=[1, 2], logit_bias_values=[0.5]), "logit_bias_ids holds 2 ids and logit_bias_values 1"),
+    (dict(logit_bias_ids=[-3], logit_bias_values=[0.5]), "logit_bias_ids must be token ids (>= 0), got -3"),
+    (dict(logit_bias_ids=[3], logit_bias_values=[float("inf")]), "input 'logit_bias_values' must be finite"),
+    (dict(embedding_bias_words=["a", "b"], embedding_bias_weights=[1.0]), "embedding_bias_words holds 2 words and"),
     (dict(top_logprobs=2), "top_logprobs 2 needs return_log_probs true"),
 ])
 def test_tensorrt_llm_inputs_we_cannot_honour_are_refused_naming_the_value(values, message):
@@ -176,6 +180,15 @@ def test_penalties_are_read_with_tensorrt_llms_neutral_defaults():
     r = parse(text_input="x", max_tokens=1, repetition_penalty=np.array([[1.25]], dtype=np.float32),
               presence_penalty=0.5, frequency_penalty=np.array([[-0.25]], dtype=np.float32))
     assert r.sampling.penalties == Penalties(repetition=1.25, presence=0.5, frequency=-0.25)
+
+
+def test_logit_bias_and_tensorrt_llms_embedding_bias_are_read():
+    r = parse(text_input="x", max_tokens=1, logit_bias_ids=np.array([[9, 3, 9]], dtype=np.int64),
+              logit_bias_values=np.array([[1.0, -2.0, 0.5]], dtype=np.float32),
+              embedding_bias_words=["hot", "", "cold"], embedding_bias_weights=[2.0, 7.0, -1.0])
+    assert r.sampling.logit_bias == LogitBias((3, 9), (-2.0, 1.5))  # one value per id, repeats summed
+    assert r.bias_words == (("hot", 2.0), ("cold", -1.0))  # the empty word dropped
+    assert parse(text_input="x", max_tokens=1, embedding_bias_words=[""]).bias_words == ()  # TensorRT-LLM's "none"
 
 
 def test_bad_words_are_read_without_the_empty_ones():

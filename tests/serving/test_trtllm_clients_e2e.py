@@ -32,7 +32,8 @@ def prepare_inputs(**values) -> list:
               "return_num_output_tokens": bool, "num_draft_tokens": np.int32, "use_draft_logits": bool,
               "num_return_sequences": np.int32, "exclude_input_in_output": bool, "bad_words": object,
               "stop_words": object, "lora_task_id": np.uint64, "image_url_input": object, "exact": bool,
-              "top_logprobs": np.int32}
+              "top_logprobs": np.int32, "embedding_bias_words": object, "embedding_bias_weights": np.float32,
+              "logit_bias_ids": np.int64, "logit_bias_values": np.float32}
     inputs = []
     for name, value in values.items():
         arr = np.array([value] if isinstance(value, list) else [[value]], dtype=dtypes[name])
@@ -146,6 +147,39 @@ def test_penalties_have_tensorrt_llms_meaning_speculating(triton, reference, tar
     assert scalar(final, "acceptance_rate") >= scalar(plain, "acceptance_rate") - 0.02
     _, off, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, num_draft_tokens=0, **values)
     assert off["output_ids"].reshape(-1).tolist() == ids
+
+
+def test_embedding_bias_and_logit_bias_are_added_to_the_targets_logits_speculating(triton, reference, target_alone):
+    """TensorRT-LLM's embedding_bias_words/weights (each word's tokens get its weight) and logit_bias_ids/values,
+    summed: the answer is the target alone's with that bias."""
+    from trtspec.decoding import LogitBias
+
+    ref = reference(PROMPT, 24)
+    tok = target_alone.target.tokenizer
+    word = next(w for t in ref.token_ids[2:] if (w := tok.decode([t])).strip() and tok.encode_words([w]) == ((t,),))
+    (word_id,), = tok.encode_words([word])
+    other = ref.token_ids[8]
+    _, final, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, embedding_bias_words=[word, ""],
+                       embedding_bias_weights=[-8.0, 3.0], logit_bias_ids=[other, word_id], logit_bias_values=[-4.0, 1.0])
+    ids = final["output_ids"].reshape(-1).tolist()
+    bias = LogitBias.of([(word_id, -7.0), (other, -4.0)])
+    request = GenerationRequest(tuple(tok.encode_prompt(PROMPT)), StopCriteria(24, eos_token_ids=tok.eos_token_ids()),
+                                SamplingParams(logit_bias=bias))
+    assert ids == target_alone.decoder().generate(request, FixedDraftLength(0)).token_ids != ref.token_ids
+    assert scalar(final, "total_draft_tokens") > 0
+    with pytest.raises(ClientError) as info:
+        send(triton, text_input=PROMPT, max_tokens=4, stream=False, logit_bias_ids=[10**6], logit_bias_values=[1.0])
+    assert info.value.message.startswith("logit bias: token id 1000000 is not in the vocabulary (0..")
+
+
+def test_the_draft_model_adds_the_logit_bias_too(triton, reference):
+    """A bias that makes one token the target's every choice: the draft model, given the bias too, drafts
+    that token every time (without it, its own choices: nearly all rejected)."""
+    token = reference(PROMPT, 24).token_ids[5]
+    _, final, _ = send(triton, text_input=PROMPT, max_tokens=24, stream=False, end_id=-1,
+                       logit_bias_ids=[token], logit_bias_values=[60.0])
+    assert final["output_ids"].reshape(-1).tolist() == [token] * 24
+    assert scalar(final, "total_draft_tokens") > 10 and scalar(final, "acceptance_rate") == 1.0
 
 
 def test_exact_sampling_drafts_with_the_targets_position_keyed_draws(triton):

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from trtspec.cli.common import domain_errors, log, print_json
-from trtspec.decoding.types import Penalties
+from trtspec.decoding.types import LogitBias, Penalties
 
 
 def remote_generate(
@@ -29,6 +29,7 @@ def remote_generate(
     ignore_eos: bool = False,
     bad_words: Sequence[str] | None = None,
     penalties: Penalties = Penalties(),
+    logit_bias: LogitBias = LogitBias(),
     logprobs: bool = False,
     top_logprobs: int = 0,
     json_out: bool = False,
@@ -55,6 +56,7 @@ def remote_generate(
         end_id=-1 if ignore_eos else None,
         bad_words=tuple(bad_words or ()),
         penalties=penalties,
+        logit_bias=logit_bias,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
     )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from trtspec.cli.common import JsonOpt, domain_errors, fail, log, print_json
-from trtspec.decoding.types import DrafterKind
+from trtspec.decoding.types import DrafterKind, LogitBias
 from trtspec.wire import Speculation
 
 
@@ -34,6 +35,7 @@ def generate(
     repetition_penalty: Annotated[float, typer.Option("--repetition-penalty", help="Logits of tokens already in the text (prompt included) divided by it, multiplied when negative; 1: none (TensorRT-LLM's).")] = 1.0,
     presence_penalty: Annotated[float, typer.Option("--presence-penalty", help="Subtracted from the logits of tokens already in the text, prompt included (TensorRT-LLM's).")] = 0.0,
     frequency_penalty: Annotated[float, typer.Option("--frequency-penalty", help="Times a token's count in the text, prompt included, subtracted from its logit (TensorRT-LLM's).")] = 0.0,
+    logit_bias: Annotated[list[str] | None, typer.Option("--logit-bias", help="ID=VALUE: VALUE added to token ID's logit before the temperature and the penalties (repeatable; OpenAI's logit_bias).")] = None,
     logprobs: Annotated[bool, typer.Option("--logprobs", help="Each token's log-probability (--json: a list beside the token ids; else their sum on stderr; TensorRT-LLM's return_log_probs).")] = False,
     top_logprobs: Annotated[int, typer.Option("--top-logprobs", help="With --logprobs: also the N most likely tokens at each position (0..20; --json: [id, logprob] pairs, best first).")] = 0,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
@@ -50,6 +52,7 @@ def generate(
     from trtspec.decoding import FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
 
     penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty)
+    bias = _logit_bias(logit_bias or ())
 
     if url is not None:
         if local or demo or target or draft:
@@ -63,7 +66,7 @@ def generate(
                         drafter=drafter.value if drafter is not None else None,
                         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stop,
                         min_tokens=min_tokens, ignore_eos=ignore_eos, bad_words=bad_word, penalties=penalties,
-                        logprobs=logprobs, top_logprobs=top_logprobs, json_out=json_out)
+                        logit_bias=bias, logprobs=logprobs, top_logprobs=top_logprobs, json_out=json_out)
         return
     if not local:
         fail("pass --local (models in this process) or --url HOST:PORT (a running server)")
@@ -100,7 +103,7 @@ def generate(
                 min_new_tokens=min_tokens,
             ),
             sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                    exact=pair.target.exact, penalties=penalties),
+                                    exact=pair.target.exact, penalties=penalties, logit_bias=bias),
             drafter=drafter,
             bad_words=tok.encode_words(bad_word or ()),
             logprobs=logprobs,
@@ -112,6 +115,18 @@ def generate(
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
     _report(gen.result, pair, k if use_draft else 0, drafter.value if use_draft else None, json_out)
+
+
+def _logit_bias(items: Sequence[str]) -> LogitBias:
+    """``--logit-bias ID=VALUE`` options as a :class:`LogitBias` (a bad one: a CLI error naming it)."""
+    pairs = []
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            pairs.append((int(token), float(value if sep else "")))
+        except ValueError:
+            fail(f"--logit-bias takes ID=VALUE (a token id and a number), got {item!r}")
+    return LogitBias.of(pairs)
 
 
 def _demo_paths(draft_precision: str, json_out: bool) -> tuple[Path, Path, str]:

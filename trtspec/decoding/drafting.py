@@ -44,14 +44,15 @@ def propose_locally(
     (temperature, top-k, top-p); in exact mode with a seed, drawn with the noise
     the target's draw at that position uses
     (:func:`~trtspec.decoding.acceptance.draw_at`), so the two mostly agree
-    when ``q_i`` is close to ``p_i``. The request's penalties act on the draft's
-    logits as on the target's, over ``text`` (the whole sequence ``token_ids`` ends)
-    and the drafts before: each draft is then the draft's guess at the penalised
-    target's choice. ``x_k`` is not fed: the session ends holding ``token_ids`` plus
+    when ``q_i`` is close to ``p_i``. The request's logit bias and penalties act on
+    the draft's logits as on the target's, the penalties over ``text`` (the whole
+    sequence ``token_ids`` ends) and the drafts before: each draft is then the
+    draft's guess at the biased, penalised target's choice. ``x_k`` is not fed: the session ends holding ``token_ids`` plus
     ``x_1..x_{k-1}``.
     """
     assert k >= 1 and len(token_ids) >= 1
-    if sampling.greedy and sampling.penalties.neutral:  # ids only (an ArgmaxHead answers them faster)
+    plain = sampling.penalties.neutral and sampling.logit_bias.neutral
+    if sampling.greedy and plain:  # ids only (an ArgmaxHead answers them faster)
         ids = argmax_ids(session, token_ids, 1)
         while len(ids) < k:
             ids += argmax_ids(session, ids[-1:], 1)
@@ -60,8 +61,9 @@ def propose_locally(
     tokens: list[int] = []
     q_rows: list[torch.Tensor] = []
     for i in range(k):
-        if not sampling.penalties.neutral:
-            rules = LogitRules(penalties=sampling.penalties, context=tuple(text) + tuple(tokens))
+        if not plain:
+            rules = LogitRules(penalties=sampling.penalties, context=tuple(text) + tuple(tokens),
+                               bias=sampling.logit_bias)
             logits = rules.apply(logits, sampling.temperature)
         tok, q = _draw(logits, sampling, generator, session.num_cached)
         tokens.append(tok)

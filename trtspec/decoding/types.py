@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +86,45 @@ class Penalties:
 
 
 @dataclass(frozen=True)
+class LogitBias:
+    """Values added to some ids' logits (TensorRT-LLM's embedding bias, OpenAI's and vLLM's ``logit_bias``),
+    before anything else: before the temperature and the penalties, where TensorRT-LLM's ``batchApplyPenalty``
+    adds it. One value per id (:meth:`of` sums repeats), ids ascending."""
+
+    ids: tuple[int, ...] = ()
+    values: tuple[float, ...] = ()  # [len(ids)]
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[int, float]]) -> LogitBias:
+        total: dict[int, float] = {}
+        for token, value in pairs:
+            total[int(token)] = total.get(int(token), 0.0) + float(value)
+        return cls(tuple(sorted(total)), tuple(total[t] for t in sorted(total)))
+
+    @property
+    def neutral(self) -> bool:
+        return not self.ids
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        if len(self.ids) != len(self.values):
+            raise InvalidRequestError(f"logit bias: {len(self.ids)} token ids and {len(self.values)} values; "
+                                      "one value per id")
+        bad = next((t for t in self.ids if not 0 <= t < (vocab_size or 2**63)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"logit bias: token id {bad} is not in the vocabulary"
+                                      + (f" (0..{vocab_size - 1})" if vocab_size else ""))
+        if not all(math.isfinite(v) for v in self.values):
+            raise InvalidRequestError(f"logit bias values must be finite, got {list(self.values)}")
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` [n, vocab] with the values added to their ids in every row (in place)."""
+        if self.ids:
+            ids = torch.tensor(self.ids, dtype=torch.int64, device=logits.device)
+            logits[:, ids] += torch.tensor(self.values, dtype=logits.dtype, device=logits.device)
+        return logits
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. ``temperature == 0`` means greedy."""
 
@@ -97,6 +136,7 @@ class SamplingParams:
     # (acceptance.match_draws), so a seed gives the same output with speculation on or off.
     exact: bool = False
     penalties: Penalties = Penalties()  # the target's, and a model draft's (its drafts then agree more often)
+    logit_bias: LogitBias = LogitBias()  # the same: the target's and a model draft's
 
     @property
     def greedy(self) -> bool:
@@ -116,6 +156,7 @@ class SamplingParams:
         if not isinstance(self.exact, bool):
             raise InvalidRequestError(f"exact must be true or false, got {self.exact!r}")
         self.penalties.validate()
+        self.logit_bias.validate()
 
 
 @dataclass(frozen=True)
@@ -144,20 +185,21 @@ class StopCriteria:
 
 @dataclass(frozen=True)
 class LogitRules:
-    """What a request's own text does to each row of a target pass before anything is chosen:
-    ``banned[j]``, the ids row ``j`` may not choose (none past the tuple: ``min_tokens``, ``bad_words``),
+    """What a request does to each row of a target pass before anything is chosen: its logit ``bias``;
+    ``banned[j]``, the ids row ``j`` may not choose (none past the tuple: ``min_tokens``, ``bad_words``);
     and ``penalties`` over row ``j``'s text, ``context`` and then ``drafted[:j]``."""
 
     banned: tuple[frozenset[int], ...] = ()
     penalties: Penalties = Penalties()
     context: tuple[int, ...] = ()  # the committed tokens, prompt included (kept only for penalties)
     drafted: tuple[int, ...] = ()
+    bias: LogitBias = LogitBias()  # added first, in every row
 
     def apply(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``logits`` [n, vocab] as float32 with the penalties applied (``temperature``: see
-        :meth:`Penalties.apply`) and each row's banned ids at -inf (a copy)."""
+        """``logits`` [n, vocab] as float32 with the bias added, then the penalties applied
+        (``temperature``: see :meth:`Penalties.apply`), and each row's banned ids at -inf (a copy)."""
         n, vocab = logits.shape
-        out = logits.float().clone()
+        out = self.bias.apply(logits.float().clone())
         if not self.penalties.neutral:
             out = self.penalties.apply(out, self._counts(n, vocab, logits.device), temperature)
         for j, ids in enumerate(self.banned[:n]):
@@ -218,6 +260,7 @@ class GenerationRequest:
             raise InvalidRequestError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs (return_log_probs) on")
+        self.sampling.logit_bias.validate(vocab_size)
         if vocab_size is not None:
             bad = [t for t in self.prompt_ids if not (0 <= t < vocab_size)]
             if bad:
@@ -228,12 +271,13 @@ class GenerationRequest:
     def rules(self, context: Sequence[int], emitted: int, drafted: Sequence[int]) -> LogitRules | None:
         """What the request does to each row of a target pass after ``context`` (the committed tokens,
         ``emitted`` of them output) and ``drafted``: EOS and stop ids banned while fewer than
-        ``min_new_tokens`` are out, a bad word's last token after the rest of it, the penalties. None:
-        nothing (the usual case)."""
-        banned, penalties = self._banned(context, emitted, drafted), self.sampling.penalties
-        if penalties.neutral:
-            return None if banned is None else LogitRules(banned)
-        return LogitRules(banned or (), penalties, tuple(context), tuple(drafted))
+        ``min_new_tokens`` are out, a bad word's last token after the rest of it, the penalties, the logit
+        bias. None: nothing (the usual case)."""
+        banned, penalties, bias = self._banned(context, emitted, drafted), self.sampling.penalties, \
+            self.sampling.logit_bias
+        if penalties.neutral:  # no counts needed
+            return None if banned is None and bias.neutral else LogitRules(banned or (), bias=bias)
+        return LogitRules(banned or (), penalties, tuple(context), tuple(drafted), bias)
 
     def _banned(self, context: Sequence[int], emitted: int, drafted: Sequence[int]) -> tuple[frozenset[int], ...] | None:
         """Per row, the ids it may not choose (None: none in any row)."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.decoding.types import Penalties
+from trtspec.decoding.types import LogitBias, Penalties
 from trtspec.errors import TrtspecError, one_line
 from trtspec.wire import SPEC_DECODE, SPEC_DECODE_INPUTS, top_pairs
 
@@ -64,6 +64,7 @@ class GenerateParams:
     end_id: int | None = None  # the only EOS token; -1: none, the answer runs to max_tokens (None: the tokenizer's)
     min_tokens: int | None = None  # no EOS among the first this many tokens
     penalties: Penalties = Penalties()  # TensorRT-LLM's repetition, presence and frequency penalties
+    logit_bias: LogitBias = LogitBias()  # values added to some ids' logits (OpenAI's logit_bias)
     logprobs: bool = False  # return_log_probs: each output token's log-probability
     top_logprobs: int = 0  # with logprobs: the most likely tokens at each position too
 
@@ -80,6 +81,8 @@ class GenerateParams:
                 out[name] = list(getattr(self, name))
         if not self.penalties.neutral:
             out.update(self.penalties.inputs())
+        if not self.logit_bias.neutral:
+            out.update(logit_bias_ids=list(self.logit_bias.ids), logit_bias_values=list(self.logit_bias.values))
         if self.logprobs:
             out["return_log_probs"] = True
         if self.top_logprobs:

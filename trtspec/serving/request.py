@@ -29,7 +29,7 @@ import numpy as np
 
 from trtspec.errors import InvalidRequestError
 from trtspec.wire import Priority, Speculation
-from trtspec.decoding.types import MAX_TOP_LOGPROBS, DrafterKind, Penalties, SamplingParams
+from trtspec.decoding.types import MAX_TOP_LOGPROBS, DrafterKind, LogitBias, Penalties, SamplingParams
 
 E = TypeVar("E", bound=enum.Enum)
 Lookup = Callable[[str], Any]  # numpy array (an input tensor), a JSON scalar/list (a parameter), or None
@@ -38,6 +38,7 @@ MAX_STOP_WORDS = 64
 MAX_STOP_WORD_CHARS = 256
 MAX_SEED = 2**64 - 1
 MAX_TOP_K = 2**31 - 1
+MAX_LOGIT_BIAS = 1024  # logit_bias_ids per request
 GREEDY_BELOW = 1e-5  # temperatures in (0, GREEDY_BELOW) are greedy
 TOP_P_FLOOR = 1e-30  # the smallest top_p float32 holds with room; below it only the top token survives anyway
 
@@ -52,6 +53,9 @@ class ServeRequest:
     sampling: SamplingParams = SamplingParams()
     stop_words: tuple[str, ...] = ()
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's: words the text never contains (tokenized by the model)
+    # TensorRT-LLM's embedding bias: (word, weight), added to each of the word's tokens' logits (tokenized by
+    # the model, summed with sampling.logit_bias)
+    bias_words: tuple[tuple[str, float], ...] = ()
     priority: Priority = Priority.NORMAL
     speculation: Speculation = Speculation.AUTO
     apply_chat_template: bool | None = None  # None: the model's parameter decides
@@ -79,7 +83,8 @@ def parse_request(
     text = _text_input(get, max_text_bytes)
     max_tokens = _max_tokens(get, max_tokens_limit)
     stream = _bool(get, "stream")
-    sampling = _sampling(get, default_exact)
+    logit_bias, bias_words = _logit_bias(get)
+    sampling = _sampling(get, default_exact, logit_bias)
     stop_words = _words(get, "stop_words")
     bad_words = _words(get, "bad_words")
     priority = _choice(get, "priority", Priority, Priority.NORMAL)
@@ -98,6 +103,7 @@ def parse_request(
         sampling=sampling,
         stop_words=stop_words,
         bad_words=bad_words,
+        bias_words=bias_words,
         priority=priority,
         speculation=speculation,
         apply_chat_template=_bool(get, "apply_chat_template"),
@@ -135,9 +141,9 @@ def _max_tokens(get: Lookup, max_tokens_limit: int) -> int:
     return max_tokens
 
 
-def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
+def _sampling(get: Lookup, default_exact: bool, logit_bias: LogitBias) -> SamplingParams:
     """``temperature``, ``top_k``, ``top_p``, ``seed`` (or ``random_seed``), ``exact`` and the
-    penalties, with TensorRT-LLM's meanings of the edge values."""
+    penalties, with TensorRT-LLM's meanings of the edge values; and ``logit_bias``."""
     temperature = _float(get, "temperature")
     top_k = _int(get, "top_k")
     top_p = _float(get, "top_p")
@@ -163,15 +169,19 @@ def _sampling(get: Lookup, default_exact: bool) -> SamplingParams:
         seed=seed,
         exact=default_exact if exact is None else exact,
         penalties=Penalties.from_inputs(lambda name: _float(get, name)),
+        logit_bias=logit_bias,
     )
     sampling.validate()
     return sampling
 
 
 def _words(get: Lookup, name: str) -> tuple[str, ...]:
-    """``stop_words`` or ``bad_words``: the non-empty ones, at most ``MAX_STOP_WORDS`` of at most
-    ``MAX_STOP_WORD_CHARS`` characters."""
-    words = tuple(w for w in _texts(get, name) if w)
+    """``stop_words`` or ``bad_words``: the non-empty ones (:func:`_check_words`)."""
+    return _check_words(tuple(w for w in _texts(get, name) if w), name)
+
+
+def _check_words(words: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """``words``, at most ``MAX_STOP_WORDS`` of at most ``MAX_STOP_WORD_CHARS`` characters."""
     if len(words) > MAX_STOP_WORDS:
         raise InvalidRequestError(f"at most {MAX_STOP_WORDS} {name}, got {len(words)}")
     long = next((w for w in words if len(w) > MAX_STOP_WORD_CHARS), None)
@@ -203,6 +213,29 @@ def _logprobs(get: Lookup) -> dict[str, Any]:
     return {"logprobs": logprobs, "top_logprobs": top}
 
 
+def _logit_bias(get: Lookup) -> tuple[LogitBias, tuple[tuple[str, float], ...]]:
+    """``logit_bias_ids`` with ``logit_bias_values`` (one value per id, at most ``MAX_LOGIT_BIAS``), and
+    TensorRT-LLM's ``embedding_bias_words`` with ``embedding_bias_weights`` (one weight per word; empty
+    words, which TensorRT-LLM's clients send for none, are dropped), each list as ``(word, weight)``."""
+    ids = [_as_int("logit_bias_ids", v) for v in _values(get, "logit_bias_ids") or ()]
+    values = [_as_float("logit_bias_values", v) for v in _values(get, "logit_bias_values") or ()]
+    if len(ids) != len(values):
+        raise InvalidRequestError(f"logit_bias_ids holds {len(ids)} ids and logit_bias_values {len(values)} values; "
+                                  "send one value per id")
+    if len(ids) > MAX_LOGIT_BIAS:
+        raise InvalidRequestError(f"at most {MAX_LOGIT_BIAS} logit_bias_ids, got {len(ids)}")
+    if any(t < 0 for t in ids):
+        raise InvalidRequestError(f"logit_bias_ids must be token ids (>= 0), got {_short(min(ids))}")
+    words = _texts(get, "embedding_bias_words")
+    weights = [_as_float("embedding_bias_weights", v) for v in _values(get, "embedding_bias_weights") or ()]
+    if len(words) != len(weights) and (weights or any(words)):
+        raise InvalidRequestError(f"embedding_bias_words holds {len(words)} words and embedding_bias_weights "
+                                  f"{len(weights)} weights; send one weight per word")
+    pairs = tuple((w, x) for w, x in zip(words, weights) if w)
+    _check_words(tuple(w for w, _ in pairs), "embedding_bias_words")
+    return LogitBias.of(zip(ids, values)), pairs
+
+
 def _draft_tokens(get: Lookup, speculation: Speculation) -> tuple[Speculation, int | None]:
     """``num_draft_tokens``: the most tokens a draft may hold (0: TensorRT-LLM's no speculation)."""
     max_draft = _int(get, "num_draft_tokens")
@@ -226,8 +259,6 @@ _NEUTRAL_ONLY: dict[str, tuple] = {
     "image_url_input": ("", b""),
     "guided_decoding_guide_type": ("", b""),
     "guided_decoding_guide": ("", b""),
-    "embedding_bias_words": ("", b""),
-    "embedding_bias_weights": (),
     "image_input": (),
     "image_bytes_input": (),
     "image_sizes_input": (),
@@ -350,8 +381,10 @@ def _choice(get: Lookup, name: str, kind: type[E], default: E) -> E:
 
 def _int(get: Lookup, name: str, required: bool = False) -> int | None:
     v = _scalar(get, name, required)
-    if v is None:
-        return None
+    return None if v is None else _as_int(name, v)
+
+
+def _as_int(name: str, v: Any) -> int:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         if isinstance(v, (float, np.floating)) and float(v).is_integer():
             return int(v)  # a JSON parameter like 16.0
@@ -361,8 +394,10 @@ def _int(get: Lookup, name: str, required: bool = False) -> int | None:
 
 def _float(get: Lookup, name: str) -> float | None:
     v = _scalar(get, name, False)
-    if v is None:
-        return None
+    return None if v is None else _as_float(name, v)
+
+
+def _as_float(name: str, v: Any) -> float:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise InvalidRequestError(f"input '{name}' must be a number, got {_short(v)}")
     try:

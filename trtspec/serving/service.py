@@ -23,6 +23,7 @@ past the grace period end at their next iteration (outcome ``shutdown``).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import traceback
@@ -47,6 +48,7 @@ from trtspec.decoding import (
     GenerationResult,
     IterationOutcome,
     LanguageModel,
+    LogitBias,
     SamplingParams,
     SpeculativeDecoder,
     StopCriteria,
@@ -349,13 +351,23 @@ class RequestService:
             prompt_ids=tuple(prompt),
             stop=StopCriteria(max_new_tokens=sreq.max_tokens, eos_token_ids=eos, stop_strings=sreq.stop_words,
                               min_new_tokens=sreq.min_tokens),
-            sampling=sreq.sampling,
+            sampling=self._with_bias_words(sreq),
             request_id=sreq.request_id,
             drafter=drafter,
             bad_words=self.tokenizer.encode_words(sreq.bad_words),
             logprobs=sreq.logprobs,
             top_logprobs=sreq.top_logprobs,
         )
+
+    def _with_bias_words(self, sreq: ServeRequest) -> SamplingParams:
+        """The request's sampling, its embedding bias words' tokens in its logit bias (each token of a
+        word gets the word's weight, as TensorRT-LLM's preprocessing adds it)."""
+        if not sreq.bias_words:
+            return sreq.sampling
+        pairs = [(t, weight) for word, weight in sreq.bias_words for ids in self.tokenizer.encode_words([word])
+                 for t in ids]
+        bias = sreq.sampling.logit_bias
+        return dataclasses.replace(sreq.sampling, logit_bias=LogitBias.of([*zip(bias.ids, bias.values), *pairs]))
 
     def _done_in_flight(self) -> None:
         with self._in_flight_lock:

@@ -2,7 +2,7 @@
 
 Field names, types and defaults are OpenAI's (``temperature`` and ``top_p``
 default to 1, as there). A field we cannot honour with a value other than its
-neutral one (``n`` > 1, ``logit_bias``, tools, ...) is refused with a
+neutral one (``n`` > 1, tools, ...) is refused with a
 400 naming it; ``logprobs`` (chat: true, with ``top_logprobs`` 0..20; completions:
 0..5) gives each generated token's log-probability and the most likely tokens',
 as ``spec_decode``'s ``return_log_probs`` and ``top_logprobs`` do; fields we do
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtspec.decoding.types import DrafterKind, Penalties
+from trtspec.decoding.types import DrafterKind, LogitBias, Penalties
 from trtspec.serving.client import GenerateParams
 from trtspec.wire import Priority, Speculation
 
@@ -78,6 +78,17 @@ class _Request(BaseModel):
     min_tokens: int = Field(0, ge=0)  # vLLM's: no EOS among the first this many tokens (spec_decode's min_tokens)
     bad_words: list[str] | None = None  # vLLM's: words the text never contains (spec_decode's bad_words)
 
+    def bias(self) -> LogitBias:
+        """OpenAI's ``logit_bias`` (token id, as a string -> -100..100) as spec_decode's logit bias."""
+        bias = self.logit_bias or {}
+        bad = next((k for k in bias if not k.strip().isdigit()), None)
+        if bad is not None:
+            raise OpenAIError(400, f"logit_bias: {bad!r} is not a token id", "logit_bias")
+        out = next((v for v in bias.values() if not -100 <= v <= 100), None)
+        if out is not None:
+            raise OpenAIError(400, f"logit_bias: {out} is outside -100..100", "logit_bias")
+        return LogitBias.of((int(k), v) for k, v in bias.items())
+
     @property
     def wants_logprobs(self) -> bool:
         """Each generated token's log-probability asked for (chat: ``logprobs``; completions: ``logprobs``)."""
@@ -93,8 +104,7 @@ class _Request(BaseModel):
         """400 for each field set to something we cannot do (the neutral values pass)."""
         if self.n != 1:
             raise OpenAIError(400, f"n {self.n}: this server returns one choice per request (n = 1)", "n")
-        if self.logit_bias:
-            raise OpenAIError(400, "logit_bias is not supported by this server", "logit_bias")
+        self.bias()  # a logit_bias that is not OpenAI's shape: refused here
         if self.stream_options is not None and not self.stream:
             raise OpenAIError(400, "stream_options is only allowed when stream is true", "stream_options")
 
@@ -115,6 +125,7 @@ class _Request(BaseModel):
             end_id=-1 if self.ignore_eos else None,
             min_tokens=self.min_tokens or None,
             penalties=Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty),
+            logit_bias=self.bias(),
             logprobs=self.wants_logprobs,
             top_logprobs=self.num_top_logprobs,
         )

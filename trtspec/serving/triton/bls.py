@@ -128,6 +128,10 @@ class BLSLanguageModel(BLSModel):
         if not sampling.penalties.neutral:
             penalties = sampling.penalties.inputs().items()
             inputs += [pb.Tensor(name, np.array([v], dtype=np.float32)) for name, v in penalties]
+        if not sampling.logit_bias.neutral:
+            bias = sampling.logit_bias
+            inputs += [pb.Tensor("logit_bias_ids", np.array(bias.ids, dtype=np.int64)),
+                       pb.Tensor("logit_bias_values", np.array(bias.values, dtype=np.float32))]
         ids, probs = self._exec(inputs, ["draft_ids", "draft_probs"])
         expected_q = (0 if sampling.greedy else k, self._vocab)
         if ids.shape != (k,) or probs.shape != expected_q:

@@ -40,7 +40,7 @@ from trtspec.errors import InvalidRequestError, one_line
 from trtspec.serving import statusfile
 from trtspec.serving.sessions import SessionStore
 from trtspec.serving.triton import error_code, load_pb_utils, model_parameters
-from trtspec.decoding.types import Penalties, SamplingParams
+from trtspec.decoding.types import LogitBias, Penalties, SamplingParams
 from trtspec.wire import LMParams
 
 
@@ -229,6 +229,8 @@ class TritonPythonModel:
             temperature=float(opt("temperature", 0.0)), top_k=int(opt("top_k", 0)), top_p=float(opt("top_p", 1.0)),
             seed=None if exact_seed is None else int(exact_seed), exact=exact_seed is not None,
             penalties=Penalties.from_inputs(lambda name: opt(name, None)),
+            logit_bias=LogitBias(tuple(int(t) for t in _vector(self.pb, request, "logit_bias_ids")),
+                                 tuple(float(v) for v in _vector(self.pb, request, "logit_bias_values"))),
         )
         sampling.validate()
         return sampling
@@ -309,6 +311,12 @@ def _scalar(pb: Any, request: Any, name: str, required: bool = True) -> Any:
     if arr.size != 1:
         raise InvalidRequestError(f"input '{name}' must hold one value, got {arr.size}")
     return arr[0].item() if arr.dtype != np.object_ else arr[0]
+
+
+def _vector(pb: Any, request: Any, name: str) -> list:
+    """A 1-D input's values ([] when not sent)."""
+    t = pb.get_input_tensor_by_name(request, name)
+    return [] if t is None else t.as_numpy().reshape(-1).tolist()
 
 
 def _seed(pb: Any, request: Any) -> int | None:
