@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -14,13 +15,18 @@ from trtspec.decoding import DrafterKind, FixedDraftLength, GenerationRequest, P
 TINY_PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2", "Triton Inference"]
 
 
-def hf_greedy(path, prompt_ids, n):
-    """Reference from transformers' own generate (an independent code path)."""
+@functools.cache
+def hf_model(path):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    out = model.generate(
-        torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def hf_greedy(path, prompt_ids, n, **processors):
+    """Reference from transformers' own generate (an independent code path), with its ``processors``
+    (``repetition_penalty``, ``sequence_bias``, ...)."""
+    out = hf_model(path).generate(
+        torch.tensor([prompt_ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, **processors
     )
     return out[0, len(prompt_ids) :].tolist()
 
@@ -28,8 +34,6 @@ def hf_greedy(path, prompt_ids, n):
 @pytest.mark.parametrize("k", [0, 3, 5])
 def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_target, k):
     """EOS held back for the first 20 tokens: transformers' own ``min_new_tokens`` is the reference."""
-    from transformers import AutoModelForCausalLM
-
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
     eos = tok.eos_token_ids()
 
@@ -41,7 +45,7 @@ def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_targ
     assert ids is not None  # the precondition: an answer that EOS ends early
     out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(30, eos_token_ids=eos, min_new_tokens=20)),
                        FixedDraftLength(k))
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    model = hf_model(tiny_target)
     ref = model.generate(torch.tensor([ids]), max_new_tokens=30, min_new_tokens=20, do_sample=False,
                          eos_token_id=sorted(eos), pad_token_id=0)[0, len(ids):].tolist()
     assert out.token_ids == ref and len(ref) >= 20 and not eos & set(ref[:20])
@@ -52,22 +56,14 @@ def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_targ
 @pytest.mark.parametrize("k", [0, 3, 5])
 def test_bad_words_match_transformers_bad_words_ids(tiny_pair, tiny_target, k):
     """Words the text never contains: transformers' own ``bad_words_ids`` is the reference."""
-    from transformers import AutoModelForCausalLM
-
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
-    def greedy(ids: list[int], **kw) -> list[int]:
-        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, **kw)
-        return out[0, len(ids):].tolist()
-
     changed = 0
     for text in TINY_PROMPTS:
         ids = tok.encode_prompt(text)
-        plain = greedy(ids)
+        plain = hf_greedy(tiny_target, ids, 24)
         words = ((plain[3],), (plain[8], plain[9]))  # a token of the plain answer, and a pair of them
         out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(24), bad_words=words), FixedDraftLength(k))
-        ref = greedy(ids, bad_words_ids=[list(w) for w in words])
+        ref = hf_greedy(tiny_target, ids, 24, bad_words_ids=[list(w) for w in words])
         assert out.token_ids == ref, text
         changed += ref != plain
     assert changed == len(TINY_PROMPTS)
@@ -76,15 +72,11 @@ def test_bad_words_match_transformers_bad_words_ids(tiny_pair, tiny_target, k):
 @pytest.mark.parametrize("k", [0, 3, 5])
 def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, tiny_target, k):
     """transformers' ``repetition_penalty`` counts the prompt and the answer, as TensorRT-LLM does: the reference."""
-    from transformers import AutoModelForCausalLM
-
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
     changed = 0
     for text in TINY_PROMPTS:
         ids = tok.encode_prompt(text)
-        ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
-                             pad_token_id=0, repetition_penalty=1.8)[0, len(ids):].tolist()
+        ref = hf_greedy(tiny_target, ids, 24, repetition_penalty=1.8)
         r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(penalties=Penalties(repetition=1.8)))
         out = dec.generate(r, FixedDraftLength(k))
         assert out.token_ids == ref, text
@@ -95,19 +87,15 @@ def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, t
 @pytest.mark.parametrize("k", [0, 3, 5])
 def test_logit_bias_matches_transformers_sequence_bias(tiny_pair, tiny_target, k):
     """A bias on single tokens: transformers' own ``sequence_bias`` (one-token sequences) is the reference."""
-    from transformers import AutoModelForCausalLM
-
     from trtspec.decoding import LogitBias
 
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
     changed = 0
     for text in TINY_PROMPTS:
         ids = tok.encode_prompt(text)
         plain = hf_greedy(tiny_target, ids, 24)
         bias = {plain[2]: -5.0, plain[6]: -2.5, (plain[4] + 1) % 384: 3.0}
-        ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
-                             sequence_bias={(t,): v for t, v in bias.items()})[0, len(ids):].tolist()
+        ref = hf_greedy(tiny_target, ids, 24, sequence_bias={(t,): v for t, v in bias.items()})
         r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(logit_bias=LogitBias.of(bias.items())))
         out = dec.generate(r, FixedDraftLength(k))
         assert out.token_ids == ref, text
@@ -120,10 +108,8 @@ def test_logit_bias_matches_transformers_sequence_bias(tiny_pair, tiny_target, k
 def test_logprobs_match_transformers_scores(tiny_pair, tiny_target, k, repetition):
     """Each token's log-probability and its row's three best: the log-softmax of transformers' own scores at
     that step (its ``output_scores``, after its repetition penalty) is the reference."""
-    from transformers import AutoModelForCausalLM
-
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
+    model = hf_model(tiny_target)
     for text in TINY_PROMPTS:
         ids = tok.encode_prompt(text)
         ref = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,

@@ -206,10 +206,7 @@ def _penalised(row: torch.Tensor, text: list[int], pen: Penalties, temperature: 
 def test_penalties_count_the_prompt_and_the_text_the_drafts_before_each_row_included(k, pen):
     target = BigramLM.random(V, seed=5)
     prompt = (4, 9, 4)
-    text = list(prompt)
-    for _ in range(40):
-        text.append(int(_penalised(target.table[text[-1]].clone(), text, pen).argmax()))
-    expected = text[len(prompt):]
+    expected = _greedy_by_hand(target.table, prompt, 40, pen)
     assert expected != target_alone(target, req(prompt=prompt, max_new=40)).token_ids  # they changed the answer
     draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
     r = dataclasses.replace(req(prompt=prompt, max_new=40), sampling=SamplingParams(penalties=pen))
@@ -219,13 +216,26 @@ def test_penalties_count_the_prompt_and_the_text_the_drafts_before_each_row_incl
         assert out.stats.accepted_tokens > 0
 
 
+def _greedy_by_hand(table: torch.Tensor, prompt: tuple[int, ...], n: int, pen: Penalties,
+                    bias: LogitBias = LogitBias()) -> list[int]:
+    """``n`` greedy tokens of a bigram ``table`` under ``bias`` (added first) and ``pen`` (:func:`_penalised`)."""
+    added = torch.zeros(table.shape[1])
+    added[list(bias.ids)] = torch.tensor(bias.values)
+    text = list(prompt)
+    for _ in range(n):
+        text.append(int(_penalised(table[text[-1]] + added, text, pen).argmax()))
+    return text[len(prompt):]
+
+
 @pytest.mark.parametrize("one_call", [False, True])
-def test_the_draft_applies_the_penalties_too_so_a_copy_of_the_target_is_always_right(one_call):
-    """The draft's logits are penalised over the text and its own drafts before, as the target's rows are."""
+@pytest.mark.parametrize("sampling", [SamplingParams(penalties=Penalties(repetition=1.6, presence=0.8, frequency=0.5)),
+                                      SamplingParams(logit_bias=LogitBias.of([(3, 6.0), (7, 4.0)]))],
+                         ids=["penalties", "logit_bias"])
+def test_the_draft_applies_the_penalties_and_the_bias_too_so_a_copy_of_the_target_is_always_right(one_call, sampling):
+    """The draft's logits are biased and penalised over the text and its own drafts before, as the target's rows are."""
     target = BigramLM.random(V, seed=5)
     draft = BigramLM(target.table.clone())
-    pen = Penalties(repetition=1.6, presence=0.8, frequency=0.5)
-    r = GenerationRequest((4, 9, 4), StopCriteria(40), SamplingParams(penalties=pen))
+    r = GenerationRequest((4, 9, 4), StopCriteria(40), sampling)
     out = SpeculativeDecoder(target, _OneCallDraft(draft) if one_call else draft).generate(r, FixedDraftLength(4))
     assert out.stats.acceptance_rate == 1.0 and out.stats.drafted_tokens >= 30
     assert out.token_ids != target_alone(target, req(prompt=(4, 9, 4), max_new=40)).token_ids
@@ -239,12 +249,7 @@ def test_logit_bias_is_added_before_the_penalties_the_target_choosing_with_it(k)
     """TensorRT-LLM's order (batchApplyPenalty): the bias, then the temperature, then the penalties."""
     target = BigramLM.random(V, seed=5)
     prompt, pen = (4, 9, 4), Penalties(repetition=1.6, presence=0.5)
-    bias = torch.zeros(V)
-    bias[list(BIAS.ids)] = torch.tensor(BIAS.values)
-    text = list(prompt)
-    for _ in range(40):
-        text.append(int(_penalised(target.table[text[-1]] + bias, text, pen).argmax()))
-    expected = text[len(prompt):]
+    expected = _greedy_by_hand(target.table, prompt, 40, pen, BIAS)
     plain = dataclasses.replace(req(prompt=prompt, max_new=40), sampling=SamplingParams(penalties=pen))
     assert expected != target_alone(target, plain).token_ids and 7 not in expected  # the bias changed the answer
     draft = BigramLM(target.table + 0.3 * torch.randn(V, V, generator=torch.Generator().manual_seed(1)))
@@ -253,16 +258,6 @@ def test_logit_bias_is_added_before_the_penalties_the_target_choosing_with_it(k)
     assert out.token_ids == expected
     if k:
         assert out.stats.accepted_tokens > 0
-
-
-@pytest.mark.parametrize("one_call", [False, True])
-def test_the_draft_adds_the_logit_bias_too_so_a_copy_of_the_target_is_always_right(one_call):
-    target = BigramLM.random(V, seed=5)
-    draft = BigramLM(target.table.clone())
-    r = GenerationRequest((4, 9, 4), StopCriteria(40), SamplingParams(logit_bias=LogitBias.of([(3, 6.0), (7, 4.0)])))
-    out = SpeculativeDecoder(target, _OneCallDraft(draft) if one_call else draft).generate(r, FixedDraftLength(4))
-    assert out.stats.acceptance_rate == 1.0 and out.stats.drafted_tokens >= 30
-    assert out.token_ids != target_alone(target, req(prompt=(4, 9, 4), max_new=40)).token_ids
 
 
 @pytest.mark.parametrize("exact", [False, True])
