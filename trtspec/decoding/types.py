@@ -117,10 +117,12 @@ class LogitBias:
             raise InvalidRequestError(f"logit bias values must be finite, got {list(self.values)}")
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` [n, vocab] with the values added to their ids in every row (in place)."""
+        """``logits`` [n, vocab] with the values added to their ids in every row (in place; an id given twice
+        gets both)."""
         if self.ids:
             ids = torch.tensor(self.ids, dtype=torch.int64, device=logits.device)
-            logits[:, ids] += torch.tensor(self.values, dtype=logits.dtype, device=logits.device)
+            values = torch.tensor(self.values, dtype=logits.dtype, device=logits.device)
+            logits.index_add_(1, ids, values.expand(logits.shape[0], -1))
         return logits
 
 
