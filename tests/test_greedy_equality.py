@@ -10,7 +10,8 @@ import torch
 
 from trtspec.runtime.pair import load_pair
 from trtspec.testing.tiny import EOS_PROMPTS
-from trtspec.decoding import DrafterKind, FixedDraftLength, GenerationRequest, Penalties, SamplingParams, StopCriteria
+from trtspec.decoding import (DrafterKind, FixedDraftLength, GenerationRequest, LogitBias, Penalties, SamplingParams,
+                              StopCriteria)
 
 TINY_PROMPTS = ["The quick brown fox", "Hello world! How are", "def f(x): return", "Numbers 0 1 2", "Triton Inference"]
 
@@ -53,54 +54,46 @@ def test_min_new_tokens_matches_transformers_min_new_tokens(tiny_pair, tiny_targ
         assert out.stats.drafted_tokens > 0
 
 
+def _bad_words(plain: list[int]) -> tuple[dict, dict]:
+    words = ((plain[3],), (plain[8], plain[9]))  # a token of the plain answer, and a pair of them
+    return {"bad_words": words}, {"bad_words_ids": [list(w) for w in words]}
+
+
+def _repetition_penalty(plain: list[int]) -> tuple[dict, dict]:
+    return {"sampling": SamplingParams(penalties=Penalties(repetition=1.8))}, {"repetition_penalty": 1.8}
+
+
+def _logit_bias(plain: list[int]) -> tuple[dict, dict]:
+    bias = {plain[2]: -5.0, plain[6]: -2.5, (plain[4] + 1) % 384: 3.0}
+    return ({"sampling": SamplingParams(logit_bias=LogitBias.of(bias.items()))},
+            {"sequence_bias": {(t,): v for t, v in bias.items()}})
+
+
+# rule -> (its GenerationRequest fields and transformers' generate arguments, from the plain answer;
+# how many of TINY_PROMPTS' answers it must change: the precondition)
+LOGIT_RULES = {"bad_words": (_bad_words, len(TINY_PROMPTS)),
+               "repetition_penalty": (_repetition_penalty, len(TINY_PROMPTS) - 1),
+               "logit_bias": (_logit_bias, len(TINY_PROMPTS) - 1)}
+
+
 @pytest.mark.parametrize("k", [0, 3, 5])
-def test_bad_words_match_transformers_bad_words_ids(tiny_pair, tiny_target, k):
-    """Words the text never contains: transformers' own ``bad_words_ids`` is the reference."""
+@pytest.mark.parametrize("rule", list(LOGIT_RULES))
+def test_logit_rules_match_transformers_processors(tiny_pair, tiny_target, k, rule):
+    """Each rule against transformers' own processor of that meaning as the reference: ``bad_words_ids``
+    (words the text never contains), ``repetition_penalty`` (it counts the prompt and the answer, as
+    TensorRT-LLM does), ``sequence_bias`` of one-token sequences (a logit bias)."""
+    make, min_changed = LOGIT_RULES[rule]
     tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
     changed = 0
     for text in TINY_PROMPTS:
         ids = tok.encode_prompt(text)
         plain = hf_greedy(tiny_target, ids, 24)
-        words = ((plain[3],), (plain[8], plain[9]))  # a token of the plain answer, and a pair of them
-        out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(24), bad_words=words), FixedDraftLength(k))
-        ref = hf_greedy(tiny_target, ids, 24, bad_words_ids=[list(w) for w in words])
+        ours, theirs = make(plain)
+        ref = hf_greedy(tiny_target, ids, 24, **theirs)
+        out = dec.generate(GenerationRequest(tuple(ids), StopCriteria(24), **ours), FixedDraftLength(k))
         assert out.token_ids == ref, text
         changed += ref != plain
-    assert changed == len(TINY_PROMPTS)
-
-
-@pytest.mark.parametrize("k", [0, 3, 5])
-def test_repetition_penalty_matches_transformers_repetition_penalty(tiny_pair, tiny_target, k):
-    """transformers' ``repetition_penalty`` counts the prompt and the answer, as TensorRT-LLM does: the reference."""
-    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    changed = 0
-    for text in TINY_PROMPTS:
-        ids = tok.encode_prompt(text)
-        ref = hf_greedy(tiny_target, ids, 24, repetition_penalty=1.8)
-        r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(penalties=Penalties(repetition=1.8)))
-        out = dec.generate(r, FixedDraftLength(k))
-        assert out.token_ids == ref, text
-        changed += ref != hf_greedy(tiny_target, ids, 24)
-    assert changed >= len(TINY_PROMPTS) - 1
-
-
-@pytest.mark.parametrize("k", [0, 3, 5])
-def test_logit_bias_matches_transformers_sequence_bias(tiny_pair, tiny_target, k):
-    """A bias on single tokens: transformers' own ``sequence_bias`` (one-token sequences) is the reference."""
-    from trtspec.decoding import LogitBias
-
-    tok, dec = tiny_pair.target.tokenizer, tiny_pair.decoder()
-    changed = 0
-    for text in TINY_PROMPTS:
-        ids = tok.encode_prompt(text)
-        plain = hf_greedy(tiny_target, ids, 24)
-        bias = {plain[2]: -5.0, plain[6]: -2.5, (plain[4] + 1) % 384: 3.0}
-        ref = hf_greedy(tiny_target, ids, 24, sequence_bias={(t,): v for t, v in bias.items()})
-        r = GenerationRequest(tuple(ids), StopCriteria(24), SamplingParams(logit_bias=LogitBias.of(bias.items())))
-        out = dec.generate(r, FixedDraftLength(k))
-        assert out.token_ids == ref, text
-        changed += ref != plain
-    assert changed >= len(TINY_PROMPTS) - 1
+    assert changed >= min_changed
 
 
 @pytest.mark.parametrize("k", [0, 3, 5])
