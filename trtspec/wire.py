@@ -178,9 +178,7 @@ def top_arrays(top: Sequence[Sequence[tuple[int, float]]]) -> tuple[np.ndarray, 
 
 
 def top_pairs(ids: np.ndarray, values: np.ndarray) -> list[list[tuple[int, float]]]:
-    """:func:`top_arrays` read back (``[..., positions, N]``), the pads dropped."""
-    positions, n = ids.shape[-2:]
-    ids, values = ids.reshape(positions, n), values.reshape(positions, n)
+    """:func:`top_arrays` read back (``[positions, N]`` each), the pads dropped."""
     return [[(int(t), float(v)) for t, v in zip(row_ids, row_values) if t != TOP_PAD_ID]
             for row_ids, row_values in zip(ids, values)]
 

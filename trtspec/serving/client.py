@@ -382,9 +382,10 @@ async def generate_aio(
         if text:
             ttft = r.at_s if ttft is None else ttft
             chunks.append(text)
-        if text or piece:
-            yield StreamEvent(text, None, tuple(_ids(r.outputs)), tuple(_logprobs(r.outputs)),
-                              tuple(_top(r.outputs))) if piece else StreamEvent(text)
+        if piece:
+            yield StreamEvent(text, None, tuple(_ids(r.outputs)), tuple(_logprobs(r.outputs)), tuple(_top(r.outputs)))
+        elif text:
+            yield StreamEvent(text)
         if r.final:
             result = _result(chunks, r.outputs, protocol="grpc", total_s=r.at_s)
             result.ttft_s = ttft
