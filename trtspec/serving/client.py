@@ -161,14 +161,31 @@ def grpc_inputs(values: Mapping[str, Any]) -> list:
         config_type = _INPUT_TYPES[name]  # the model config's type; the wire's: TYPE_STRING is BYTES
         triton_type = "BYTES" if config_type == "TYPE_STRING" else config_type.removeprefix("TYPE_")
         dtype = triton_to_np_dtype(triton_type)
-        items = list(value) if isinstance(value, (list, tuple)) else [value]
-        if dtype is np.object_:
-            items = [v.encode("utf-8") if isinstance(v, str) else v for v in items]
+        items = _wire_items(name, list(value) if isinstance(value, (list, tuple)) else [value], dtype)
         arr = np.array([items], dtype=dtype)  # [1, n]
         inp = grpcclient.InferInput(name, list(arr.shape), triton_type)
         inp.set_data_from_numpy(arr)
         inputs.append(inp)
     return inputs
+
+
+def _wire_items(name: str, items: list, dtype: Any) -> list:
+    """``items`` as input ``name`` carries them: text as UTF-8, integers within ``dtype``'s range (numpy
+    would wrap 10**12 into an int32 the server then misreads). A value that cannot be is the caller's
+    error, a :class:`ClientError` naming the input, raised before anything is sent."""
+    if dtype is np.object_:
+        try:
+            return [v.encode("utf-8") if isinstance(v, str) else v for v in items]
+        except UnicodeEncodeError as e:
+            raise ClientError(f"{name} is not valid text: {e.reason} (character {e.start})",
+                              code="INVALID_ARG") from None
+    if np.issubdtype(dtype, np.integer):
+        limits = np.iinfo(dtype)
+        bad = next((v for v in items if not limits.min <= int(v) <= limits.max), None)
+        if bad is not None:
+            raise ClientError(f"{name} {bad} is out of range ({np.dtype(dtype).name}: {limits.min}..{limits.max})",
+                              code="INVALID_ARG")
+    return items
 
 
 @dataclass
