@@ -14,6 +14,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trtspec.builder.repo import write_model_repo
 from trtspec.decoding.types import Penalties
@@ -271,6 +273,7 @@ def test_ignore_eos_and_min_tokens_run_the_answer_past_eos(client, stream):
     (dict(extra_body={"repetition_penalty": 0}), 400, "repetition_penalty"),
     (dict(logprobs=6), 400, "logprobs"),  # OpenAI's range: 0..5
     (dict(logit_bias={"1000000": 5}), 400, "logit bias: token id 1000000 is not in the vocabulary"),
+    (dict(max_tokens=10**12), 400, "max_tokens 1000000000000 is out of range"),  # was wrapped to an int32
 ])
 def test_bad_requests_get_openais_error_json(client, kwargs, status, says):
     args = {"model": "spec_decode", "prompt": PROMPT, "max_tokens": 4, **kwargs}
@@ -383,6 +386,75 @@ def test_a_body_that_is_not_json_is_a_400_in_openais_error_json(served):
         urllib.request.urlopen(request, timeout=30)
     error = json.loads(info.value.read())["error"]
     assert info.value.code == 400 and error["type"] == "invalid_request_error" and "\n" not in error["message"]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "content_type", "status", "says"), [
+    ("POST", "/v1/embeddings", b"{}", "application/json", 404, "no such endpoint: POST /v1/embeddings"),
+    ("GET", "/v1/completions", None, None, 405, "GET is not allowed on /v1/completions"),
+    # curl -d without -H: a form body, which FastAPI does not read as JSON
+    ("POST", "/v1/completions", b'{"model": "spec_decode", "prompt": "hi"}', "application/x-www-form-urlencoded",
+     400, "the body must be a JSON object, sent with Content-Type: application/json"),
+    ("POST", "/v1/completions", b"", "application/json", 400, "the body must be a JSON object"),
+    ("POST", "/v1/chat/completions", b"[1, 2]", "application/json", 400, "the body must be a JSON object"),
+    ("POST", "/v1/completions", b'{"model": "spec_decode",', "application/json", 400, "the body is not valid JSON"),
+    # valid JSON (an escaped lone surrogate) that is no text: the SDK refuses to send it, raw HTTP can; was a 500
+    ("POST", "/v1/completions", json.dumps({"model": "spec_decode", "prompt": "a \ud800", "max_tokens": 4}).encode(),
+     "application/json", 400, "text_input is not valid text: surrogates not allowed"),
+    ("POST", "/v1/chat/completions", json.dumps({"model": "spec_decode", "stream": True, "max_tokens": 4,
+                                                 "messages": [{"role": "user", "content": "\udfff"}]}).encode(),
+     "application/json", 400, "text_input is not valid text: surrogates not allowed"),
+])
+def test_what_fastapi_or_the_client_refuses_is_in_openais_error_json(served, method, path, body, content_type, status, says):
+    headers = {"Content-Type": content_type} if content_type else {}
+    request = urllib.request.Request(f"{served[1].url}{path}", data=body, headers=headers, method=method)
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    error = json.loads(info.value.read())["error"]  # not FastAPI's {"detail": ...}
+    assert info.value.code == status and says in error["message"] and "\n" not in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+TEXT = st.one_of(st.text(max_size=8), st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1,
+                                                max_size=2), st.sampled_from(["", "auto", "off", "text", "x" * 70_000]))
+NUMBER = st.one_of(st.integers(-2, 6), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True))
+ODD = st.one_of(
+    st.none(), st.booleans(), NUMBER, TEXT, st.lists(st.one_of(st.integers(-2, 400), TEXT), max_size=3),
+    st.dictionaries(st.sampled_from(["1", "-1", "x", "type", "include_usage"]), NUMBER, max_size=2),
+)
+NUMBERS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "n", "presence_penalty",
+           "frequency_penalty", "top_logprobs", "top_k", "repetition_penalty", "min_tokens", "best_of", "logprobs"]
+TEXTS = ["stop", "speculation", "priority", "drafter", "suffix", "model", "prompt", "bad_words"]
+OTHERS = ["stream", "stream_options", "logit_bias", "ignore_eos", "tools", "response_format", "echo", "messages"]
+
+
+@st.composite
+def openai_body(draw):
+    """A chat or completions body as a careless client sends it: a valid base, a few fields odd or absent
+    (a number field mostly gets numbers, a text field text, any field sometimes anything)."""
+    chat = draw(st.booleans())
+    base = {"model": "spec_decode", "max_tokens": 4}
+    base |= {"messages": [{"role": "user", "content": PROMPT}]} if chat else {"prompt": PROMPT}
+    for name in draw(st.lists(st.sampled_from(NUMBERS + TEXTS + OTHERS), unique=True, max_size=4)):
+        base[name] = draw(st.one_of(NUMBER if name in NUMBERS else TEXT if name in TEXTS else ODD, ODD))
+    if chat and draw(st.booleans()):
+        base["messages"] = [{"role": "user", "content": draw(TEXT)}]
+    return ("/v1/chat/completions" if chat else "/v1/completions"), base
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(request_=openai_body())
+def test_fuzzed_openai_bodies_get_an_answer_or_a_one_line_error(served, request_):
+    path, body = request_
+    request = urllib.request.Request(f"{served[1].url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200 and response.read()
+    except urllib.error.HTTPError as e:
+        error = json.loads(e.read())["error"]
+        assert e.code in (400, 404), (e.code, error)  # never a 500: every odd value is the client's to fix
+        assert error["message"] and "\n" not in error["message"] and len(error["message"]) < 300, error
 
 
 def test_health_is_503_while_triton_cannot_be_reached(tmp_path):

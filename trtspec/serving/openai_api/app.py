@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -75,6 +76,7 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
     app = FastAPI(title="trtspec OpenAI-compatible endpoint", lifespan=lifespan)
     app.add_exception_handler(OpenAIError, _openai_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.add_exception_handler(HTTPException, _http_error)  # FastAPI's own: no route, a body it cannot read
     app.add_api_route("/health", proxy.health, methods=["GET"])
     app.add_api_route("/metrics", proxy.prometheus, methods=["GET"])
     app.add_api_route("/v1/models", proxy.models, methods=["GET"])
@@ -206,6 +208,14 @@ async def _invalid_body(_request: Request, e: Exception) -> JSONResponse:
     return JSONResponse(_validation_error(e).body(), status_code=400)
 
 
+async def _http_error(request: Request, e: Exception) -> JSONResponse:
+    """The errors FastAPI raises itself ({"detail": ...} by default) in OpenAI's error JSON."""
+    assert isinstance(e, HTTPException)
+    message = {404: f"no such endpoint: {request.method} {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+    return JSONResponse(OpenAIError(e.status_code, message).body(), status_code=e.status_code, headers=e.headers)
+
+
 async def _collect(events: AsyncIterator[StreamEvent]) -> ClientResult:
     async for event in events:
         if event.result is not None:
@@ -245,8 +255,13 @@ def _as_openai_error(e: Exception) -> OpenAIError:
 
 
 def _validation_error(e: RequestValidationError) -> OpenAIError:
-    """Pydantic's first complaint as one line, naming the field."""
+    """Pydantic's first complaint as one line, naming the field; a body that is no JSON object says so."""
     first = e.errors()[0] if e.errors() else {}
+    if first.get("type") == "json_invalid":
+        return OpenAIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'cannot parse it')} "
+                                f"(at character {first['loc'][-1]})")
+    if tuple(first.get("loc", ())) == ("body",):  # no body, or one FastAPI did not read as JSON
+        return OpenAIError(400, "the body must be a JSON object, sent with Content-Type: application/json")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     message = first.get("msg", "invalid request body")

@@ -42,8 +42,8 @@ class OpenAIError(Exception):
         self.code = code
 
     def body(self) -> dict:
-        kind = {400: "invalid_request_error", 404: "invalid_request_error", 499: "cancelled",
-                503: "service_unavailable_error"}.get(self.status, "server_error")
+        kind = {499: "cancelled", 503: "service_unavailable_error"}.get(
+            self.status, "invalid_request_error" if 400 <= self.status < 500 else "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
