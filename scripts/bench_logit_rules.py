@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """What a request's logit rules cost: the demo pair on the built-in chat prompts, each request with
 no rule, with ``min_tokens = max_tokens`` (EOS held back), with the penalties (``repetition_penalty``
-1.1, a chat UI's usual value) and asking for each token's log-probability (``return_log_probs``),
+1.1, a chat UI's usual value), asking for each token's log-probability (``return_log_probs``) and with
+a logit bias (-100 on the tokens of "!", OpenAI's way of keeping a token out),
 speculation on (k = 5) and off (k = 0), the order turning pass to pass. Rows under a rule read the
 target's logits instead of its argmax alone (served: a row of vocabulary floats from the target instead
 of one id); answers that would have ended early go on under ``min_tokens``.
@@ -19,28 +20,44 @@ from pathlib import Path
 
 from trtspec.bench import builtin_prompts
 from trtspec.bench.inprocess import cpu_name, write_json
-from trtspec.decoding.types import Penalties
+from trtspec.decoding.types import LogitBias, Penalties
 
 Totals = dict[str, float]
-RULES = ("none", "min_tokens", "penalties", "logprobs")
+RULES = ("none", "min_tokens", "penalties", "logprobs", "logit_bias")
 PENALTIES = Penalties(repetition=1.1)
+BANNED = ("!",)  # the logit_bias rule's words, each of their tokens at -100
+
+
+def demo_pair_paths():
+    """The demo pair's paths (prepared on first use) and the draft's precision, as ``trtspec demo`` runs it."""
+    from trtspec.runtime.demo import prepare_demo
+    from trtspec.runtime.torch.loader import resolve_device
+
+    paths = prepare_demo()
+    return paths, paths.draft_precision("auto", resolve_device())
+
+
+def banned_bias() -> LogitBias:
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(demo_pair_paths()[0].target)
+    return LogitBias.of((t, -100.0) for word in tok.encode_words(BANNED) for t in word)
 
 
 def in_process(prompts: list[str], max_tokens: int, passes: int) -> dict[tuple[str, int], Totals]:
     from trtspec.decoding import FixedDraftLength, GenerationRequest, SamplingParams, StopCriteria
-    from trtspec.runtime.demo import prepare_demo
     from trtspec.runtime.pair import load_pair
-    from trtspec.runtime.torch.loader import resolve_device
 
-    paths = prepare_demo()
-    precision = paths.draft_precision("auto", resolve_device())
+    paths, precision = demo_pair_paths()
+    bias = banned_bias()
     pair = load_pair(paths.target, paths.draft_at(precision), draft_precision=precision)
     tok, dec = pair.target.tokenizer, pair.decoder()
 
     def one(text: str, rule: str, k: int) -> tuple[int, float, int, int]:
         held = max_tokens if rule == "min_tokens" else 0
         stop = StopCriteria(max_tokens, eos_token_ids=tok.eos_token_ids(), min_new_tokens=held)
-        sampling = SamplingParams(penalties=PENALTIES if rule == "penalties" else Penalties())
+        sampling = SamplingParams(penalties=PENALTIES if rule == "penalties" else Penalties(),
+                                  logit_bias=bias if rule == "logit_bias" else LogitBias())
         request = GenerationRequest(tuple(tok.encode_prompt(text)), stop, sampling, logprobs=rule == "logprobs")
         r = dec.generate(request, FixedDraftLength(k))
         return len(r.token_ids), r.stats.total_time_s, r.stats.drafted_tokens, r.stats.accepted_tokens
@@ -51,10 +68,13 @@ def in_process(prompts: list[str], max_tokens: int, passes: int) -> dict[tuple[s
 def served(url: str, prompts: list[str], max_tokens: int, passes: int) -> dict[tuple[str, int], Totals]:
     from trtspec.serving.client import GenerateParams, generate_grpc
 
+    bias = banned_bias()  # the demo pair's ids: the server must serve it
+
     def one(text: str, rule: str, k: int) -> tuple[int, float, int, int]:
         params = GenerateParams(max_tokens=max_tokens, min_tokens=max_tokens if rule == "min_tokens" else None,
                                 penalties=PENALTIES if rule == "penalties" else Penalties(),
-                                speculation="on" if k else "off", logprobs=rule == "logprobs")
+                                speculation="on" if k else "off", logprobs=rule == "logprobs",
+                                logit_bias=bias if rule == "logit_bias" else LogitBias())
         r = generate_grpc(url, text, params)
         return r.num_output_tokens, r.total_s, r.num_draft_tokens, r.num_accepted_tokens
 
@@ -100,7 +120,8 @@ def main() -> int:
               f"({on['tokens_per_s'] / base - 1:+.1%}), "
               f"acceptance {on['acceptance']}; k=0: {off['tokens_per_s']:.1f} tokens/s; "
               f"speedup {on['tokens_per_s'] / off['tokens_per_s']:.2f}x")
-    write_json(args.json_out, {"where": where, "cpu": cpu_name(), "penalties": vars(PENALTIES), "runs": rows,
+    write_json(args.json_out, {"where": where, "cpu": cpu_name(), "penalties": vars(PENALTIES),
+                               "banned": BANNED, "runs": rows,
                                "args": vars(args)})
     return 0
 
