@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtspec.serving.client import ClientError, GenerateParams, error_code, grpc_inputs
+from trtspec.serving.client import ClientError, GenerateParams, error_code, generate_http, grpc_inputs
+from trtspec.serving.launcher import free_port
 
 
 def test_values_become_batch_of_one_inputs_of_the_models_types():
@@ -36,3 +37,13 @@ def test_a_value_the_wire_cannot_carry_is_refused_naming_the_input(values, says)
 def test_generate_params_within_range_pass():
     values = {"text_input": "hi", **GenerateParams(max_tokens=2**31 - 1, seed=2**64 - 1).fields()}
     assert {i.name() for i in grpc_inputs(values)} >= {"text_input", "max_tokens", "seed"}
+
+
+@pytest.mark.parametrize(("params", "says"), [
+    (GenerateParams(max_tokens=10**13), "max_tokens 10000000000000 is out of range"),  # Triton wrapped it: 1316134912
+    (GenerateParams(seed=-1), "seed -1 is out of range (uint64"),  # Triton: "Unable to parse 'data': ..."
+])
+def test_http_generate_refuses_an_integer_out_of_range_before_connecting(params, says):
+    with pytest.raises(ClientError) as e:
+        generate_http(f"127.0.0.1:{free_port()}", "hi", params)  # nothing listens: the check comes first
+    assert says in e.value.message and error_code(e.value) == "INVALID_ARG"

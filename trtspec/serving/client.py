@@ -169,6 +169,17 @@ def grpc_inputs(values: Mapping[str, Any]) -> list:
     return inputs
 
 
+def _check_http_values(values: Mapping[str, Any]) -> None:
+    """What :func:`_wire_items` refuses, for Triton's HTTP generate (JSON): its integers (Triton wraps
+    one beyond its input's type as numpy does); text it refuses itself, naming the input."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    for name, value in values.items():
+        dtype = triton_to_np_dtype(_INPUT_TYPES[name].removeprefix("TYPE_"))
+        if dtype is not None and np.issubdtype(dtype, np.integer):
+            _wire_items(name, list(value) if isinstance(value, (list, tuple)) else [value], dtype)
+
+
 def _wire_items(name: str, items: list, dtype: Any) -> list:
     """``items`` as input ``name`` carries them: text as UTF-8, integers within ``dtype``'s range (numpy
     would wrap 10**12 into an int32 the server then misreads). A value that cannot be is the caller's
@@ -426,6 +437,7 @@ def generate_http(
     host, port = parse_url(url)
     endpoint = "generate_stream" if stream else "generate"
     body = {"text_input": prompt, "stream": stream, **params.fields()}
+    _check_http_values(body)
     req = urllib.request.Request(
         f"http://{host}:{port}/v2/models/{model}/{endpoint}",
         data=json.dumps(body).encode(),
