@@ -61,8 +61,12 @@ def triton_generate(triton: TritonServer, prompt: str, max_tokens: int, template
     return generate_http(triton.endpoints.http, prompt, params).text
 
 
-def test_models_lists_the_served_model(client):
+def test_models_lists_the_served_model_and_retrieves_it(client):
     assert [m.id for m in client.models.list()] == ["spec_decode"]
+    assert client.models.retrieve("spec_decode").id == "spec_decode"
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert info.value.body["code"] == "model_not_found" and "'gpt-4o' does not exist" in info.value.message
 
 
 def test_chat_greedy_equals_tritons_generate_with_the_template_applied_once(served, client):

@@ -80,6 +80,7 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
     app.add_api_route("/health", proxy.health, methods=["GET"])
     app.add_api_route("/metrics", proxy.prometheus, methods=["GET"])
     app.add_api_route("/v1/models", proxy.models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", proxy.model, methods=["GET"])
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -115,8 +116,20 @@ class _Proxy:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.settings.served_name, "object": "model", "created": 0,
-                                            "owned_by": "trtspec"}]}
+        return {"object": "list", "data": [self._model_object()]}
+
+    async def model(self, model: str) -> dict:
+        """OpenAI's "retrieve model" (the SDK's ``models.retrieve``)."""
+        self._refuse_other_model(model)
+        return self._model_object()
+
+    def _model_object(self) -> dict:
+        return {"id": self.settings.served_name, "object": "model", "created": 0, "owned_by": "trtspec"}
+
+    def _refuse_other_model(self, model: str) -> None:
+        if model != self.settings.served_name:
+            raise OpenAIError(404, f"model {model!r} does not exist; this server serves {self.settings.served_name!r}",
+                              "model", "model_not_found")
 
     async def answer(self, request: Request, body: ChatCompletionRequest | CompletionRequest, kind: str) -> Response:
         t0 = time.perf_counter()
@@ -153,9 +166,7 @@ class _Proxy:
 
     def _start(self, body: ChatCompletionRequest | CompletionRequest, request_id: str) -> AsyncIterator[StreamEvent]:
         settings = self.settings
-        if body.model != settings.served_name:
-            raise OpenAIError(404, f"model {body.model!r} does not exist; this server serves "
-                                   f"{settings.served_name!r}", "model", "model_not_found")
+        self._refuse_other_model(body.model)
         body.refuse_unsupported()
         if isinstance(body, ChatCompletionRequest):
             if settings.tokenizer is None:
