@@ -57,3 +57,13 @@ def test_openai_extra_body_carries_the_drafter() -> None:
     assert sent["extra_body"] == {"speculation": "auto", "priority": "high", "drafter": "ngram"}
     assert sent["max_tokens"] == 8
     assert _send(t, OFF)["extra_body"] == {"speculation": "off"}
+
+
+@pytest.mark.parametrize(("env", "key"), [("k3y", "k3y"), (None, "unused")])
+def test_the_openai_transport_sends_the_sdks_key_from_the_environment(monkeypatch, env, key):
+    # a server started with --openai-api-key asks for it; the SDK's convention is $OPENAI_API_KEY
+    if env is None:
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_API_KEY", env)
+    assert transport.OpenAITransport("127.0.0.1:1")._client.api_key == key

@@ -461,6 +461,27 @@ def test_fuzzed_openai_bodies_get_an_answer_or_a_one_line_error(served, request_
         assert error["message"] and "\n" not in error["message"] and len(error["message"]) < 300, error
 
 
+def test_an_api_key_guards_v1_and_leaves_health_and_metrics_open(served):
+    triton = served[0]
+    with OpenAIServer(triton.endpoints.grpc, api_key="s3cret") as guarded:
+        right = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="s3cret", max_retries=0, timeout=60)
+        assert right.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+        assert [m.id for m in right.models.list()] == ["spec_decode"]
+        wrong = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="guess", max_retries=0, timeout=60)
+        with pytest.raises(openai.AuthenticationError) as info:
+            wrong.chat.completions.create(model="spec_decode", messages=[{"role": "user", "content": "hi"}])
+        assert info.value.status_code == 401 and info.value.body["code"] == "invalid_api_key"
+        # no header at all, and a body that is no JSON: the key is asked first
+        request = urllib.request.Request(f"{guarded.url}/v1/completions", data=b"{", method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as bare:
+            urllib.request.urlopen(request, timeout=30)
+        assert bare.value.code == 401
+        assert "Authorization: Bearer" in json.loads(bare.value.read())["error"]["message"]
+        for path in ("/health", "/metrics"):  # probes and scrapers hold no key
+            assert urllib.request.urlopen(f"{guarded.url}{path}", timeout=30).status == 200
+
+
 def test_health_is_503_while_triton_cannot_be_reached(tmp_path):
     """No tritonserver behind the endpoint (a free port): /health says so, it does not hang or 500."""
     settings = ProxySettings(triton_grpc=f"127.0.0.1:{free_port()}", model="spec_decode", served_name="spec_decode",

@@ -129,7 +129,7 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
     except ServerError as e:
         pytest.skip(str(e))
     log_file = tmp_path / "server.log"
-    with serve_process(target_only_repo, log_file) as (proc, info):
+    with serve_process(target_only_repo, log_file, "--openai-api-key", "k3y") as (proc, info):
         server_pid = info["pid"]
         http = info["endpoints"]["http"]
         assert urllib.request.urlopen(f"{http}/v2/health/ready", timeout=10).status == 200
@@ -139,6 +139,10 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         openai_url = info["endpoints"]["openai"]  # the OpenAI-compatible endpoint beside it
         body = json.dumps({"model": "spec_decode", "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
         req = urllib.request.Request(f"{openai_url}/completions", data=body, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as unauthorized:  # --openai-api-key: /v1/* asks for it
+            urllib.request.urlopen(req, timeout=60)
+        assert unauthorized.value.code == 401
+        req.add_header("Authorization", "Bearer k3y")
         completion = json.loads(urllib.request.urlopen(req, timeout=60).read())
         assert completion["usage"]["completion_tokens"] == 4 and completion["choices"][0]["text"] == out["text_output"]
         status = json.loads(urllib.request.urlopen(info["endpoints"]["status"], timeout=60).read())
@@ -199,6 +203,12 @@ def test_serve_refuses_a_taken_port_before_starting_the_server(target_only_repo,
                         *(x for kv in ports.items() for x in kv))
     assert result.exit_code == 1
     assert result.stderr == f"error: {option} {port}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_serve_refuses_an_api_key_without_the_openai_endpoint(target_only_repo, monkeypatch):
+    monkeypatch.setenv("TRTSPEC_OPENAI_API_KEY", "k3y")  # the key is read from the environment too
+    result = _serve("--model-repo", str(target_only_repo))
+    assert result.exit_code == 1 and result.stderr == "error: --openai-api-key needs --openai-port\n"
 
 
 def test_serve_refuses_one_port_asked_twice(target_only_repo):

@@ -30,6 +30,7 @@ a model, sent as fast as the client can for a second or so.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -243,7 +244,9 @@ class OpenAITransport:
         base = (url if "://" in url else f"http://{url}").rstrip("/")
         self.url = base if base.endswith("/v1") else f"{base}/v1"
         self.model = model
-        self._client = AsyncOpenAI(base_url=self.url, api_key="unused", max_retries=0)
+        # the SDK's own convention: the key in $OPENAI_API_KEY (a server without --openai-api-key ignores it)
+        self._client = AsyncOpenAI(base_url=self.url, api_key=os.environ.get("OPENAI_API_KEY") or "unused",
+                                   max_retries=0)
 
     async def send(self, spec: RequestSpec, rec: RequestRecord, clock: Clock, timeout_s: float) -> None:
         await self._send(self.model, spec, rec, clock, timeout_s)

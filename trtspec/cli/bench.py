@@ -25,7 +25,7 @@ def bench(
     slo_itl_ms: Annotated[float | None, typer.Option("--slo-itl-ms", help="SLO on time per output token after the first (goodput).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take before it is cancelled and counted as a timeout.")] = 60.0,
     http: Annotated[bool, typer.Option("--http", help="Triton's HTTP generate_stream endpoint instead of gRPC streaming.")] = False,
-    openai: Annotated[bool, typer.Option("--openai", help="The OpenAI-compatible endpoint (trtspec serve --openai-port) instead of Triton's.")] = False,
+    openai: Annotated[bool, typer.Option("--openai", help="The OpenAI-compatible endpoint (trtspec serve --openai-port) instead of Triton's; its API key, if it asks one, from $OPENAI_API_KEY.")] = False,
     server_pid: Annotated[int | None, typer.Option("--server-pid", help="PID of a local tritonserver: sample its processes' memory (RSS, PSS).")] = None,
     memory_interval: Annotated[float, typer.Option("--memory-interval", help="Seconds between memory samples.")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of arrivals, prompt choice and output lengths.")] = 0,

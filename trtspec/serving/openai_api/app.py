@@ -8,7 +8,7 @@ untemplated. A client that hangs up cancels its Triton request (the gRPC call
 is cancelled, ``spec_decode`` stops the loop and frees the sessions).
 
 Errors are OpenAI's error JSON: 400 for a bad request (ours or
-``spec_decode``'s INVALID_ARG), 404 for an unknown model, 503 when Triton or
+``spec_decode``'s INVALID_ARG), 401 without the API key when one is set, 404 for an unknown model, 503 when Triton or
 a model is unavailable, 500 otherwise. A stream whose first response is an
 error answers with that status; an error after text was streamed arrives as a
 last ``data: {"error": ...}`` event before ``data: [DONE]``.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -53,6 +54,7 @@ class ProxySettings:
     max_tokens_limit: int  # spec_decode's; a chat request without max_tokens gets this many
     tokenizer: Tokenizer | None  # the pair's, for the chat template (None: chat refused)
     status_dir: Path | None = None  # trtspec serve's status directory: /health is 503 while the server drains
+    api_key: str | None = None  # when set, /v1/* asks for "Authorization: Bearer <api_key>" (401 without)
 
 
 class _ClientGone(Exception):
@@ -81,6 +83,8 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
     app.add_api_route("/metrics", proxy.prometheus, methods=["GET"])
     app.add_api_route("/v1/models", proxy.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", proxy.model, methods=["GET"])
+    if settings.api_key is not None:
+        app.add_middleware(_RequireKey, key=settings.api_key)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -91,6 +95,32 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
         return await proxy.answer(request, body, "completions")
 
     return app
+
+
+class _RequireKey:
+    """ASGI middleware: with an API key set, a /v1 request must carry it as ``Authorization: Bearer <key>``
+    (OpenAI's 401 ``invalid_api_key`` otherwise), asked before anything else, the body included;
+    /health and /metrics stay open to probes and scrapers. Plain ASGI: responses stream through untouched."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            error = self._refusal(dict(scope["headers"]).get(b"authorization", b""))
+            if error is not None:
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, header: bytes) -> OpenAIError | None:
+        scheme, _, given = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not given.strip():
+            return OpenAIError(401, "no API key: send the header Authorization: Bearer <key>", code="invalid_api_key")
+        if not hmac.compare_digest(given.strip(), self.key):
+            return OpenAIError(401, "incorrect API key", code="invalid_api_key")
+        return None
 
 
 class _Proxy:

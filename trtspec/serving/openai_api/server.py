@@ -57,9 +57,10 @@ class OpenAIServer:
 
     def __init__(self, triton_grpc: str, *, model: str = SPEC_DECODE, served_name: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, settings: ProxySettings | None = None,
-                 status_dir: Path | None = None) -> None:
+                 status_dir: Path | None = None, api_key: str | None = None) -> None:
         self.triton_grpc = triton_grpc
         self.status_dir = status_dir  # trtspec serve's: /health turns 503 when it drains
+        self.api_key = api_key  # /v1/* asks for it (ProxySettings.api_key)
         self.model = model
         self.served_name = served_name
         self.host = host
@@ -88,6 +89,8 @@ class OpenAIServer:
             self.settings = load_settings(self.triton_grpc, self.model, self.served_name)
         if self.status_dir is not None:
             self.settings = dataclasses.replace(self.settings, status_dir=self.status_dir)
+        if self.api_key is not None:
+            self.settings = dataclasses.replace(self.settings, api_key=self.api_key)
         sock = _bind(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(create_app(self.settings, self.metrics), log_level="warning", access_log=False,
