@@ -161,8 +161,7 @@ def grpc_inputs(values: Mapping[str, Any]) -> list:
         config_type = _INPUT_TYPES[name]  # the model config's type; the wire's: TYPE_STRING is BYTES
         triton_type = "BYTES" if config_type == "TYPE_STRING" else config_type.removeprefix("TYPE_")
         dtype = triton_to_np_dtype(triton_type)
-        items = _wire_items(name, list(value) if isinstance(value, (list, tuple)) else [value], dtype)
-        arr = np.array([items], dtype=dtype)  # [1, n]
+        arr = np.array([_wire_items(name, _as_list(value), dtype)], dtype=dtype)  # [1, n]
         inp = grpcclient.InferInput(name, list(arr.shape), triton_type)
         inp.set_data_from_numpy(arr)
         inputs.append(inp)
@@ -177,7 +176,11 @@ def _check_http_values(values: Mapping[str, Any]) -> None:
     for name, value in values.items():
         dtype = triton_to_np_dtype(_INPUT_TYPES[name].removeprefix("TYPE_"))
         if dtype is not None and np.issubdtype(dtype, np.integer):
-            _wire_items(name, list(value) if isinstance(value, (list, tuple)) else [value], dtype)
+            _wire_items(name, _as_list(value), dtype)
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _wire_items(name: str, items: list, dtype: Any) -> list:

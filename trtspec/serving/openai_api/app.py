@@ -8,8 +8,9 @@ untemplated. A client that hangs up cancels its Triton request (the gRPC call
 is cancelled, ``spec_decode`` stops the loop and frees the sessions).
 
 Errors are OpenAI's error JSON: 400 for a bad request (ours or
-``spec_decode``'s INVALID_ARG), 401 without the API key when one is set, 404 for an unknown model, 503 when Triton or
-a model is unavailable, 500 otherwise. A stream whose first response is an
+``spec_decode``'s INVALID_ARG), 401 without the API key when one is set, 404
+for an unknown model or route, 503 when Triton or a model is unavailable, 500
+otherwise. A stream whose first response is an
 error answers with that status; an error after text was streamed arrives as a
 last ``data: {"error": ...}`` event before ``data: [DONE]``.
 """
@@ -28,9 +29,9 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from trtspec.errors import InvalidRequestError
 from trtspec.runtime.tokenizer import Tokenizer
