@@ -109,6 +109,18 @@ def test_completions_streamed_and_not_equal_tritons_generate_untemplated(served,
     assert "".join(pieces) == expected and len(pieces) > 2
 
 
+@pytest.mark.parametrize("prompt", [PROMPT, [PROMPT]])
+def test_completions_echo_opens_the_text_with_the_prompt(client, prompt):
+    answer = client.completions.create(model="spec_decode", prompt=PROMPT, max_tokens=12, temperature=0)
+    echoed = client.completions.create(model="spec_decode", prompt=prompt, max_tokens=12, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPT + answer.choices[0].text
+    assert echoed.usage == answer.usage  # the echo is not generated: no tokens counted for it
+    chunks = list(client.completions.create(model="spec_decode", prompt=prompt, max_tokens=12, temperature=0,
+                                            echo=True, stream=True))
+    assert chunks[0].choices[0].text.startswith(PROMPT)  # the prompt first, with the first text
+    assert "".join(c.choices[0].text for c in chunks) == PROMPT + answer.choices[0].text
+
+
 def test_bad_words_are_spec_decodes_and_change_the_answer(served, client, tiny_target):
     """vLLM's bad_words, forwarded: the answer is Triton's generate with the same bad_words."""
     from trtspec.runtime.tokenizer import Tokenizer

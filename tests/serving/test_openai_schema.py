@@ -56,7 +56,7 @@ def test_max_completion_tokens_wins_over_max_tokens():
     (lambda: CompletionRequest(model="m", prompt=["a", "b"]), "prompt"),
     (lambda: CompletionRequest(model="m", prompt=[1, 2, 3]), "prompt"),  # token ids
     (lambda: CompletionRequest(model="m", prompt=[[1, 2], [3]]), "prompt"),
-    (lambda: CompletionRequest(model="m", prompt="a", echo=True), "echo"),
+    (lambda: CompletionRequest(model="m", prompt="a", echo=True, logprobs=0), "echo"),  # the prompt's: not computed
     (lambda: CompletionRequest(model="m", prompt="a", best_of=2), "best_of"),
     (lambda: chat(logit_bias={"x42": 5.0}), "logit_bias"),  # a key that is no token id
     (lambda: chat(logit_bias={"42": 101.0}), "logit_bias"),  # OpenAI's range: -100..100

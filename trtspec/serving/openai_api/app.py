@@ -170,7 +170,7 @@ class _Proxy:
         metrics.in_flight.inc()
         try:
             events = self._start(body, renderer.id)  # not started yet: nothing is sent before it is iterated
-            renderer = dataclasses.replace(renderer, token_texts=self._token_texts(body))
+            renderer = dataclasses.replace(renderer, token_texts=self._token_texts(body), echoed=body.echoed)
             if body.stream:  # the first response first: an error before any text gets its own status
                 first = await _unless_disconnected(request, anext(events))
                 stream = self._stream(renderer, first, events, body.include_usage, endpoint, t0)
@@ -215,8 +215,8 @@ class _Proxy:
                       include_usage: bool, endpoint: str, t0: float) -> AsyncIterator[str]:
         status, ttft = 499, None  # a stream cut short is the client's doing (Starlette cancels us)
         try:
-            # chat opens with the role; sent with the first text, one write (the first token sooner)
-            head = sse(renderer.chunk(role=True, with_usage_field=include_usage)) if renderer.kind == "chat" else ""
+            # chat opens with the role, completions with the echoed prompt: sent with the first text, one write
+            head = sse(renderer.opening(include_usage)) if renderer.kind == "chat" or renderer.echoed else ""
             event = first
             while event.result is None:
                 ttft = time.perf_counter() - t0 if ttft is None and event.text else ttft

@@ -52,6 +52,7 @@ class Renderer:
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     token_texts: Callable[[Sequence[int]], list[str]] | None = None  # set when log-probabilities are asked
+    echoed: str = ""  # completions' echo: the prompt, before the answer's text
     _offset: int = 0  # completions' text_offset of the next token
 
     def __post_init__(self) -> None:
@@ -74,7 +75,7 @@ class Renderer:
             choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
                       "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": 0, "text": self.echoed + result.text, "logprobs": logprobs, "finish_reason": finish}
         return {**self._head(False), "choices": [choice], "usage": usage(result).to_dict(),
                 "trtspec": speculation_figures(result)}
 
@@ -96,6 +97,12 @@ class Renderer:
         if with_usage_field:
             out["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is on
         return out
+
+    def opening(self, with_usage_field: bool = False) -> dict:
+        """The chunk a stream opens with: chat's role; completions' echoed prompt."""
+        if self.kind == "chat":
+            return self.chunk(role=True, with_usage_field=with_usage_field)
+        return self.chunk(self.echoed, with_usage_field=with_usage_field)
 
     def logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float],
                  top: Sequence[Sequence[tuple[int, float]]] = ()) -> dict | None:

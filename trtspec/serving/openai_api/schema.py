@@ -131,6 +131,11 @@ class _Request(BaseModel):
         )
 
     @property
+    def echoed(self) -> str:
+        """What the answer's text opens with (completions' ``echo``: the prompt)."""
+        return ""
+
+    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
@@ -214,14 +219,21 @@ class CompletionRequest(_Request):
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise OpenAIError(400, f"prompt holds {len(self.prompt)} strings; this server takes one prompt per request",
                               "prompt")
-        for name, neutral in (("echo", False), ("suffix", None)):
-            if getattr(self, name) not in (neutral, ""):
-                raise OpenAIError(400, f"{name} is not supported by this server", name)
+        if self.suffix not in (None, ""):
+            raise OpenAIError(400, "suffix is not supported by this server", "suffix")
+        if self.echo and self.logprobs is not None:
+            raise OpenAIError(400, "echo with logprobs asks the prompt's log-probabilities, which this server does "
+                                   "not compute; send one or the other", "echo")
         if self.best_of not in (None, 1):
             raise OpenAIError(400, f"best_of {self.best_of}: this server returns one choice per request", "best_of")
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def echoed(self) -> str:
+        """What the answer's text opens with: the prompt under ``echo``, else nothing."""
+        return self.text() if self.echo else ""
 
     @property
     def requested_max_tokens(self) -> int | None:
