@@ -415,12 +415,13 @@ def test_a_body_that_is_not_json_is_a_400_in_openais_error_json(served):
     ("POST", "/v1/completions", b'{"model": "spec_decode",', "application/json", 400, "the body is not valid JSON"),
     # valid JSON (an escaped lone surrogate) that is no text: the SDK refuses to send it, raw HTTP can; was a 500
     ("POST", "/v1/completions", json.dumps({"model": "spec_decode", "prompt": "a \ud800", "max_tokens": 4}).encode(),
-     "application/json", 400, "text_input is not valid text: surrogates not allowed"),
+     "application/json", 400, "prompt is not valid text: surrogates not allowed (character 2)"),
     ("POST", "/v1/chat/completions", json.dumps({"model": "spec_decode", "stream": True, "max_tokens": 4,
                                                  "messages": [{"role": "user", "content": "\udfff"}]}).encode(),
-     "application/json", 400, "text_input is not valid text: surrogates not allowed"),
+     "application/json", 400, "messages.0.content is not valid text: surrogates not allowed (character 0)"),
 ])
-def test_what_fastapi_or_the_client_refuses_is_in_openais_error_json(served, method, path, body, content_type, status, says):
+def test_what_fastapi_or_the_schema_refuses_is_in_openais_error_json(served, method, path, body, content_type,
+                                                                     status, says):
     headers = {"Content-Type": content_type} if content_type else {}
     request = urllib.request.Request(f"{served[1].url}{path}", data=body, headers=headers, method=method)
     with pytest.raises(urllib.error.HTTPError) as info:

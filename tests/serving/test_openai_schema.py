@@ -69,6 +69,24 @@ def test_what_we_cannot_honour_is_refused_naming_the_field(request_, param):
     assert info.value.status == 400 and info.value.param == param and "\n" not in info.value.message
 
 
+@pytest.mark.parametrize(("request_", "param"), [
+    (lambda: ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "ok"},
+                                                        {"role": "user", "content": "a\ud800"}]), "messages.1.content"),
+    (lambda: ChatCompletionRequest(model="m", messages=[{"role": "user",
+                                                         "content": [{"type": "text", "text": "\udc80"}]}]),
+     "messages.0.content"),
+    (lambda: CompletionRequest(model="m", prompt=["\ud800"]), "prompt"),
+    (lambda: chat(stop=["fine", "\udfff"]), "stop.1"),
+    (lambda: chat(bad_words=["\ud800x"]), "bad_words.0"),
+])
+def test_text_that_utf8_cannot_carry_is_refused_naming_its_field(request_, param):
+    # JSON carries a lone surrogate as "\ud800"; before, the gRPC client failed to encode it: a 500
+    with pytest.raises(OpenAIError) as info:
+        request_().refuse_unsupported()
+    assert info.value.status == 400 and info.value.param == param
+    assert info.value.message.startswith(f"{param} is not valid text: surrogates not allowed (character ")
+
+
 def test_logprobs_of_the_chosen_tokens_are_asked_of_spec_decode():
     assert chat(logprobs=True, top_logprobs=0).params(8, 300, apply_chat_template=False).fields()["return_log_probs"]
     assert chat(logprobs=True, top_logprobs=4).params(8, 300, apply_chat_template=False).fields()["top_logprobs"] == 4

@@ -19,6 +19,7 @@ and frequency over the answer only (docs/serving.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -107,6 +108,17 @@ class _Request(BaseModel):
         self.bias()  # a logit_bias that is not OpenAI's shape: refused here
         if self.stream_options is not None and not self.stream:
             raise OpenAIError(400, "stream_options is only allowed when stream is true", "stream_options")
+        for param, text in self._texts():  # JSON can carry a lone surrogate ("\ud800"); UTF-8 cannot
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise OpenAIError(400, f"{param} is not valid text: {e.reason} (character {e.start})", param) from None
+
+    def _texts(self) -> Iterator[tuple[str, str]]:
+        """Each text of the request, with the field it came in."""
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or ()
+        yield from ((f"stop.{i}", t) for i, t in enumerate(stop))
+        yield from ((f"bad_words.{i}", t) for i, t in enumerate(self.bad_words or ()))
 
     def params(self, max_tokens: int | None, default_max_tokens: int, apply_chat_template: bool) -> GenerateParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -188,6 +200,10 @@ class ChatCompletionRequest(_Request):
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise OpenAIError(400, f"response_format {self.response_format.get('type')!r}: text only", "response_format")
 
+    def _texts(self) -> Iterator[tuple[str, str]]:
+        yield from super()._texts()
+        yield from ((f"messages.{i}.content", m.text()) for i, m in enumerate(self.messages))
+
     def chat(self) -> list[dict[str, str]]:
         """The messages as the chat template takes them (``developer`` is OpenAI's newer name for ``system``)."""
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
@@ -226,6 +242,11 @@ class CompletionRequest(_Request):
                                    "not compute; send one or the other", "echo")
         if self.best_of not in (None, 1):
             raise OpenAIError(400, f"best_of {self.best_of}: this server returns one choice per request", "best_of")
+
+    def _texts(self) -> Iterator[tuple[str, str]]:
+        yield from super()._texts()
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        yield from (("prompt", p) for p in prompts if isinstance(p, str))
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
