@@ -129,7 +129,8 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
     except ServerError as e:
         pytest.skip(str(e))
     log_file = tmp_path / "server.log"
-    with serve_process(target_only_repo, log_file, "--openai-api-key", "k3y") as (proc, info):
+    with serve_process(target_only_repo, log_file, "--openai-api-key", "k3y",
+                       "--openai-model-name", "org/tiny") as (proc, info):
         server_pid = info["pid"]
         http = info["endpoints"]["http"]
         assert urllib.request.urlopen(f"{http}/v2/health/ready", timeout=10).status == 200
@@ -137,7 +138,7 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         out = json.loads(urllib.request.urlopen(urllib.request.Request(info["endpoints"]["generate"], data=body), timeout=60).read())
         assert out["num_output_tokens"] == 4 and out["num_draft_tokens"] == 0
         openai_url = info["endpoints"]["openai"]  # the OpenAI-compatible endpoint beside it
-        body = json.dumps({"model": "spec_decode", "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
+        body = json.dumps({"model": "org/tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}).encode()
         req = urllib.request.Request(f"{openai_url}/completions", data=body, headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as unauthorized:  # --openai-api-key: /v1/* asks for it
             urllib.request.urlopen(req, timeout=60)
@@ -145,6 +146,9 @@ def test_serve_prints_endpoints_serves_and_stops_cleanly_on_a_signal(target_only
         req.add_header("Authorization", "Bearer k3y")
         completion = json.loads(urllib.request.urlopen(req, timeout=60).read())
         assert completion["usage"]["completion_tokens"] == 4 and completion["choices"][0]["text"] == out["text_output"]
+        assert completion["model"] == "org/tiny"  # --openai-model-name: the id clients name
+        models = urllib.request.Request(f"{openai_url}/models/org/tiny", headers={"Authorization": "Bearer k3y"})
+        assert json.loads(urllib.request.urlopen(models, timeout=30).read())["id"] == "org/tiny"
         status = json.loads(urllib.request.urlopen(info["endpoints"]["status"], timeout=60).read())
         assert status["ready"] and status["models"]["target"]["answers"] and "draft" not in status["models"]
         # no draft model: requests draft with the default drafter, ngram, which needs none
@@ -209,6 +213,15 @@ def test_serve_refuses_an_api_key_without_the_openai_endpoint(target_only_repo, 
     monkeypatch.setenv("TRTSPEC_OPENAI_API_KEY", "k3y")  # the key is read from the environment too
     result = _serve("--model-repo", str(target_only_repo))
     assert result.exit_code == 1 and result.stderr == "error: --openai-api-key needs --openai-port\n"
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--openai-model-name", "org/m"], "--openai-model-name needs --openai-port"),
+    (["--openai-model-name", " ", "--openai-port", "0"], "--openai-model-name is empty"),
+])
+def test_serve_refuses_an_openai_model_name_it_cannot_serve(target_only_repo, args, says):
+    result = _serve("--model-repo", str(target_only_repo), *args)
+    assert result.exit_code == 1 and result.stderr == f"error: {says}\n"
 
 
 def test_serve_refuses_one_port_asked_twice(target_only_repo):

@@ -48,6 +48,7 @@ def serve(
     metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus metrics port; 0 picks a free one.")] = 8002,
     status_port: Annotated[int, typer.Option("--status-port", help="Status endpoint (GET /status, /ready); 0 picks a free one, -1 turns it off.")] = 8003,
     openai_port: Annotated[int, typer.Option("--openai-port", help="OpenAI-compatible endpoint (/v1/completions, /v1/chat/completions); 0 picks a free port, -1 (default) turns it off.")] = -1,
+    openai_model_name: Annotated[str | None, typer.Option("--openai-model-name", help="With --openai-port: the model id clients name (GET /v1/models, a request's \"model\"), e.g. the checkpoint's Hugging Face id; default: the Triton model's name.")] = None,
     openai_api_key: Annotated[str | None, typer.Option("--openai-api-key", envvar="TRTSPEC_OPENAI_API_KEY", show_envvar=True, help="With --openai-port: /v1/* requests must send 'Authorization: Bearer KEY' (401 otherwise; /health and /metrics stay open). The environment variable keeps the key out of the process list.")] = None,
     log_file: Annotated[Path, typer.Option("--log-file", help="Where the server log goes (appended).")] = Path("tritonserver.log"),
     startup_timeout: Annotated[float, typer.Option("--startup-timeout", help="Seconds to wait for every model to be ready.")] = 600.0,
@@ -60,8 +61,9 @@ def serve(
     from trtspec.builder.repo import served_model_name
     from trtspec.serving.launcher import TritonServer, check_ports_free, find_tritonserver, malloc_library  # noqa: F811
 
-    if openai_api_key is not None and (openai_port < 0 or not openai_api_key.strip()):
-        fail("--openai-api-key needs --openai-port" if openai_port < 0 else "--openai-api-key is empty")
+    for option, value in (("--openai-model-name", openai_model_name), ("--openai-api-key", openai_api_key)):
+        if value is not None and (openai_port < 0 or not value.strip()):
+            fail(f"{option} needs --openai-port" if openai_port < 0 else f"{option} is empty")
     model = served_model_name(model_repo) if model_repo.is_dir() else None
     if model is None or not (model_repo / model / "config.pbtxt").is_file():
         fail(f"{model_repo} is not a trtspec model repository (no spec_decode model in it)")
@@ -84,7 +86,7 @@ def serve(
             )
             endpoints = server.start()
         urls = {**endpoints.to_dict(model), **running.open_front_doors(host, status_port, openai_port, model,
-                                                                               openai_api_key)}
+                                                                               openai_model_name, openai_api_key)}
         info = {"endpoints": urls, "model": model, "pid": server.pid, "server": str(install.executable),
                 "model_repo": str(model_repo.resolve()), "log_file": str(Path(log_file).resolve())}
         _announce(info, server, json_out)
@@ -118,7 +120,7 @@ class _Running:
     openai: OpenAIServer | None = None
 
     def open_front_doors(self, host: str, status_port: int, openai_port: int, model: str,
-                         openai_api_key: str | None = None) -> dict[str, str]:
+                         openai_model_name: str | None = None, openai_api_key: str | None = None) -> dict[str, str]:
         """Start the status and OpenAI endpoints (a port of -1: not started); their URLs."""
         from trtspec.serving.openai_api.server import OpenAIServer
         from trtspec.serving.status import StatusServer
@@ -134,8 +136,8 @@ class _Running:
             urls["status"] = self.status.url
         if openai_port >= 0:
             with domain_errors():
-                self.openai = OpenAIServer(grpc, model=model, host=host, port=openai_port,
-                                           status_dir=status_dir, api_key=openai_api_key).start()
+                self.openai = OpenAIServer(grpc, model=model, served_name=openai_model_name, host=host,
+                                           port=openai_port, status_dir=status_dir, api_key=openai_api_key).start()
             urls["openai"] = f"{self.openai.url}/v1"
         return urls
 
