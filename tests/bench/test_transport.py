@@ -46,7 +46,7 @@ def test_http_body_carries_the_drafter(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_openai_extra_body_carries_the_drafter() -> None:
-    t = transport.OpenAITransport("localhost:1")
+    t = transport.OpenAITransport("localhost:1", model="spec_decode")  # named: the fake lists no models
 
     class Completions:
         async def create(self, **kwargs):

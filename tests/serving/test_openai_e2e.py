@@ -517,3 +517,14 @@ def test_bench_drives_the_openai_endpoint(served):
         assert r.answered, r.error
         assert r.output_tokens == 8 and r.input_tokens > 0 and r.ttft_s is not None and r.ttft_s <= r.e2e_s
         assert (r.drafted > 0) == (r.arm == "auto")  # the arm reached spec_decode as `speculation`
+
+
+def test_bench_names_the_model_the_endpoint_serves(served):
+    from trtspec.bench import ArmSplit, BenchConfig, OutputLength, builtin_prompts, run_bench
+
+    with OpenAIServer(served[0].endpoints.grpc, served_name="org/renamed") as renamed:  # --openai-model-name
+        cfg = BenchConfig(url=renamed.url, protocol="openai", prompts=builtin_prompts(),
+                          workload_split=ArmSplit.parse("off"), output=OutputLength.parse("4"), concurrency=2,
+                          requests=2, timeout_s=60.0, probe=False)
+        records = run_bench(cfg).records
+    assert [r.output_tokens for r in records] == [4, 4], [r.error for r in records]  # not a 404 for spec_decode

@@ -238,12 +238,12 @@ class OpenAITransport:
 
     name = "openai"
 
-    def __init__(self, url: str, *, model: str = SPEC_DECODE) -> None:
+    def __init__(self, url: str, *, model: str | None = None) -> None:
         from openai import AsyncOpenAI
 
         base = (url if "://" in url else f"http://{url}").rstrip("/")
         self.url = base if base.endswith("/v1") else f"{base}/v1"
-        self.model = model
+        self.model = model  # None: the one the endpoint lists (trtspec serve --openai-model-name may rename it)
         # the SDK's own convention: the key in $OPENAI_API_KEY (a server without --openai-api-key ignores it)
         self._client = AsyncOpenAI(base_url=self.url, api_key=os.environ.get("OPENAI_API_KEY") or "unused",
                                    max_retries=0)
@@ -251,7 +251,8 @@ class OpenAITransport:
     async def send(self, spec: RequestSpec, rec: RequestRecord, clock: Clock, timeout_s: float) -> None:
         await self._send(self.model, spec, rec, clock, timeout_s)
 
-    async def _send(self, model: str, spec: RequestSpec, rec: RequestRecord, clock: Clock, timeout_s: float) -> None:
+    async def _send(self, model: str | None, spec: RequestSpec, rec: RequestRecord, clock: Clock,
+                    timeout_s: float) -> None:
         import openai
 
         rec.sent_s = clock()
@@ -269,7 +270,13 @@ class OpenAITransport:
             if rec.done_s is None:
                 rec.done_s = clock()
 
-    async def _consume(self, model: str, spec: RequestSpec, rec: RequestRecord, clock: Clock) -> None:
+    async def _served_model(self) -> str:
+        if self.model is None:
+            self.model = (await self._client.models.list()).data[0].id
+        return self.model
+
+    async def _consume(self, model: str | None, spec: RequestSpec, rec: RequestRecord, clock: Clock) -> None:
+        model = model or await self._served_model()
         stream = await self._client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": spec.prompt}], max_tokens=spec.max_tokens,
             temperature=0, stream=True, stream_options={"include_usage": True},
