@@ -116,19 +116,20 @@ class _Request(BaseModel):
 
     def _texts(self) -> Iterator[tuple[str, str]]:
         """Each text of the request, with the field it came in."""
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop or ()
-        yield from ((f"stop.{i}", t) for i, t in enumerate(stop))
+        yield from ((f"stop.{i}", t) for i, t in enumerate(self._stops()))
         yield from ((f"bad_words.{i}", t) for i, t in enumerate(self.bad_words or ()))
 
+    def _stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+
     def params(self, max_tokens: int | None, default_max_tokens: int, apply_chat_template: bool) -> GenerateParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         return GenerateParams(
             max_tokens=max_tokens or default_max_tokens,
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
             seed=self.seed,
-            stop_words=stop,
+            stop_words=self._stops(),
             bad_words=tuple(self.bad_words or ()),
             speculation=self.speculation.value if self.speculation is not None else None,
             priority=self.priority.value if self.priority is not None else None,
