@@ -424,11 +424,18 @@ def test_what_fastapi_or_the_schema_refuses_is_in_openais_error_json(served, met
                                                                      status, says):
     headers = {"Content-Type": content_type} if content_type else {}
     request = urllib.request.Request(f"{served[1].url}{path}", data=body, headers=headers, method=method)
+    label = {"endpoint": path if path.endswith("completions") else "other", "outcome": "invalid"}
+    counted = _refused(served[1], label)
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=30)
     error = json.loads(info.value.read())["error"]  # not FastAPI's {"detail": ...}
     assert info.value.code == status and says in error["message"] and "\n" not in error["message"]
     assert error["type"] == "invalid_request_error"
+    assert _refused(served[1], label) == counted + 1  # on the endpoint's /metrics, refused before its route too
+
+
+def _refused(proxy: OpenAIServer, labels: dict) -> float:
+    return proxy.metrics.registry.get_sample_value("trtspec_openai_requests_total", labels) or 0.0
 
 
 TEXT = st.one_of(st.text(max_size=8), st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1,
@@ -491,6 +498,8 @@ def test_an_api_key_guards_v1_and_leaves_health_and_metrics_open(served):
             urllib.request.urlopen(request, timeout=30)
         assert bare.value.code == 401
         assert "Authorization: Bearer" in json.loads(bare.value.read())["error"]["message"]
+        assert _refused(guarded, {"endpoint": "/v1/chat/completions", "outcome": "unauthorized"}) == 1
+        assert _refused(guarded, {"endpoint": "/v1/completions", "outcome": "unauthorized"}) == 1
         for path in ("/health", "/metrics"):  # probes and scrapers hold no key
             assert urllib.request.urlopen(f"{guarded.url}{path}", timeout=30).status == 200
 

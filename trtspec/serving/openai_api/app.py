@@ -77,15 +77,14 @@ def create_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> 
             await proxy.triton.close()
 
     app = FastAPI(title="trtspec OpenAI-compatible endpoint", lifespan=lifespan)
-    app.add_exception_handler(OpenAIError, _openai_error)
-    app.add_exception_handler(RequestValidationError, _invalid_body)
-    app.add_exception_handler(HTTPException, _http_error)  # FastAPI's own: no route, a body it cannot read
+    for refused in (OpenAIError, RequestValidationError, HTTPException):  # HTTPException: FastAPI's own
+        app.add_exception_handler(refused, proxy.refuse)
     app.add_api_route("/health", proxy.health, methods=["GET"])
     app.add_api_route("/metrics", proxy.prometheus, methods=["GET"])
     app.add_api_route("/v1/models", proxy.models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", proxy.model, methods=["GET"])
     if settings.api_key is not None:
-        app.add_middleware(_RequireKey, key=settings.api_key)
+        app.add_middleware(_RequireKey, key=settings.api_key, metrics=proxy.metrics)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -103,14 +102,16 @@ class _RequireKey:
     (OpenAI's 401 ``invalid_api_key`` otherwise), asked before anything else, the body included;
     /health and /metrics stay open to probes and scrapers. Plain ASGI: responses stream through untouched."""
 
-    def __init__(self, app: Any, key: str) -> None:
+    def __init__(self, app: Any, key: str, metrics: ProxyMetrics) -> None:
         self.app = app
         self.key = key.encode()
+        self.metrics = metrics
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             error = self._refusal(dict(scope["headers"]).get(b"authorization", b""))
             if error is not None:
+                self.metrics.refused(scope["path"], error.status)
                 await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -142,6 +143,12 @@ class _Proxy:
             ready = False
         return JSONResponse({"status": "ok" if ready else "unavailable", "model": self.settings.model},
                             status_code=200 if ready else 503)
+
+    async def refuse(self, request: Request, e: Exception) -> JSONResponse:
+        """The exception handler of what is refused outside :meth:`answer`: counted, in OpenAI's JSON."""
+        error = _refusal(request, e)
+        self.metrics.refused(request.url.path, error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=getattr(e, "headers", None))
 
     async def prometheus(self) -> Response:
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
@@ -240,22 +247,17 @@ class _Proxy:
         yield sse("[DONE]")
 
 
-async def _openai_error(_request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, OpenAIError)
-    return JSONResponse(e.body(), status_code=e.status)
-
-
-async def _invalid_body(_request: Request, e: Exception) -> JSONResponse:
-    assert isinstance(e, RequestValidationError)
-    return JSONResponse(_validation_error(e).body(), status_code=400)
-
-
-async def _http_error(request: Request, e: Exception) -> JSONResponse:
-    """The errors FastAPI raises itself ({"detail": ...} by default) in OpenAI's error JSON."""
+def _refusal(request: Request, e: Exception) -> OpenAIError:
+    """An error raised before or outside :meth:`_Proxy.answer` as OpenAI's: ours, a body FastAPI could not
+    read or validate, or one FastAPI raised itself ({"detail": ...} by default: no route, a wrong method)."""
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, RequestValidationError):
+        return _validation_error(e)
     assert isinstance(e, HTTPException)
     message = {404: f"no such endpoint: {request.method} {request.url.path}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
-    return JSONResponse(OpenAIError(e.status_code, message).body(), status_code=e.status_code, headers=e.headers)
+    return OpenAIError(e.status_code, message)
 
 
 async def _collect(events: AsyncIterator[StreamEvent]) -> ClientResult:

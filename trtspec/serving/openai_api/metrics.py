@@ -3,7 +3,8 @@
 They measure the proxy as its clients see it; what happens inside Triton is on
 Triton's metrics port (``trtspec_requests_total``, ...). PromQL:
 
-- request rate by outcome: ``sum by (outcome) (rate(trtspec_openai_requests_total[5m]))``
+- request rate by outcome: ``sum by (outcome) (rate(trtspec_openai_requests_total[5m]))`` (requests refused
+  before their route, a body that does not parse or no API key, count too; a path not ours as ``other``)
 - p95 latency: ``histogram_quantile(0.95, sum by (le) (rate(trtspec_openai_request_duration_seconds_bucket[5m])))``
 - p95 time to first token: the same on ``trtspec_openai_time_to_first_token_seconds_bucket``
 - in flight: ``trtspec_openai_requests_in_flight``
@@ -14,8 +15,14 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-# outcome: ok | invalid | cancelled | unavailable | error (the words of trtspec_requests_total)
-OUTCOME_BY_STATUS = {200: "ok", 400: "invalid", 404: "invalid", 499: "cancelled", 503: "unavailable"}
+# outcome: ok | invalid | cancelled | unavailable | error (the words of trtspec_requests_total), and the
+# endpoint's own unauthorized (no API key, or a wrong one); any other 4xx is invalid
+OUTCOME_BY_STATUS = {200: "ok", 401: "unauthorized", 499: "cancelled", 503: "unavailable"}
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # labels of their own; any other path is "other"
+
+
+def outcome(status: int) -> str:
+    return OUTCOME_BY_STATUS.get(status) or ("invalid" if 400 <= status < 500 else "error")
 
 
 class ProxyMetrics:
@@ -33,10 +40,16 @@ class ProxyMetrics:
                                registry=self.registry)
 
     def finished(self, endpoint: str, status: int, duration_s: float, ttft_s: float | None) -> None:
-        self.requests.labels(endpoint, OUTCOME_BY_STATUS.get(status, "error")).inc()
+        self.requests.labels(endpoint, outcome(status)).inc()
         self.duration.labels(endpoint).observe(duration_s)
         if ttft_s is not None:
             self.ttft.labels(endpoint).observe(ttft_s)
+
+    def refused(self, path: str, status: int) -> None:
+        """A request refused before it was answered (a body that does not parse, no route, no API key):
+        counted by outcome, its latency not observed. A path not ours counts as ``other`` (no label per
+        path a client makes up)."""
+        self.requests.labels(path if path in ENDPOINTS else "other", outcome(status)).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
