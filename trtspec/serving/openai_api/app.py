@@ -223,7 +223,8 @@ class _Proxy:
         status, ttft = 499, None  # a stream cut short is the client's doing (Starlette cancels us)
         try:
             # chat opens with the role, completions with the echoed prompt: sent with the first text, one write
-            head = sse(renderer.opening(include_usage)) if renderer.kind == "chat" or renderer.echoed else ""
+            opening = renderer.opening(include_usage)
+            head = sse(opening) if opening is not None else ""
             event = first
             while event.result is None:
                 ttft = time.perf_counter() - t0 if ttft is None and event.text else ttft

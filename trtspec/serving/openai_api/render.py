@@ -98,11 +98,11 @@ class Renderer:
             out["usage"] = None  # OpenAI: null on every chunk but the last when include_usage is on
         return out
 
-    def opening(self, with_usage_field: bool = False) -> dict:
-        """The chunk a stream opens with: chat's role; completions' echoed prompt."""
+    def opening(self, with_usage_field: bool = False) -> dict | None:
+        """The chunk a stream opens with: chat's role; completions' echoed prompt (None: no echo)."""
         if self.kind == "chat":
             return self.chunk(role=True, with_usage_field=with_usage_field)
-        return self.chunk(self.echoed, with_usage_field=with_usage_field)
+        return self.chunk(self.echoed, with_usage_field=with_usage_field) if self.echoed else None
 
     def logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float],
                  top: Sequence[Sequence[tuple[int, float]]] = ()) -> dict | None:
