@@ -236,6 +236,29 @@ def test_fallbacks_and_outcomes(sink: PrometheusClientSink, metrics: SpecMetrics
     assert _v(sink, "trtspec_request_latency_seconds_count", route="speculate") == 1  # not the cancelled one
 
 
+
+def test_a_request_is_counted_after_everything_else_it_records() -> None:
+    """A scrape that waits for N requests counted must find their latencies too (CI once saw a
+    request counted without its TTFT: the count came first)."""
+    calls: list[str] = []
+
+    class Order(PrometheusClientSink):
+        def inc(self, spec, labels, value=1.0):
+            calls.append(spec.name)
+            super().inc(spec, labels, value)
+
+        def observe(self, spec, labels, value):
+            calls.append(spec.name)
+            super().observe(spec, labels, value)
+
+    metrics = SpecMetrics(Order(), model=MODEL)
+    metrics.request_started(True, "default")
+    stats = SpecStats(draft_errors=1, emitted_tokens=3, time_to_first_token_s=0.5, total_time_s=0.9)
+    metrics.request_finished(stats, speculating=True, fallbacks=1)
+    assert {M.TTFT.name, M.ITL.name, M.REQUEST_LATENCY.name, M.FALLBACKS.name} <= set(calls)
+    assert calls[-1] == M.REQUESTS.name and calls.count(M.REQUESTS.name) == 1
+
+
 def test_breaker_transitions_through_the_listener(sink: PrometheusClientSink, metrics: SpecMetrics) -> None:
     clock = FakeClock(1000.0)
     breaker = CircuitBreaker(BreakerConfig(), clock, listeners=[metrics])

@@ -199,7 +199,8 @@ class SpecMetrics:
         and queueing). ``itl_s``: the per-chunk inter-token latencies (:attr:`TokenTimer.itl_s`), or one
         value; default one observation of the request's mean. Request latency is observed for
         ``outcome == "ok"`` only. ``fallbacks``: times the fallback guard sent this request to the
-        target alone (``RequestControl.fallback.fallbacks``).
+        target alone (``RequestControl.fallback.fallbacks``). The request is counted last, so a
+        scrape that counts it also holds its latencies and fallbacks.
         """
         s, l = self.sink, self._l
         route = M.route_label(speculating)
@@ -208,7 +209,6 @@ class SpecMetrics:
                 self._speculating = max(0, self._speculating - 1)
                 n = self._speculating
             s.set(M.SPECULATING_NOW, l(), n)
-        s.inc(M.REQUESTS, l(outcome=outcome))
         if stats is not None:
             if ttft_s is None:
                 ttft_s = stats.time_to_first_token_s
@@ -229,6 +229,7 @@ class SpecMetrics:
             s.inc(M.FALLBACKS, l(reason=M.FALLBACK_DRAFT_ERROR), draft_errors)
         if speculating and (fallbacks or draft_errors):
             s.inc(M.FALLBACK_REQUESTS, l())
+        s.inc(M.REQUESTS, l(outcome=outcome))  # last: a scrape that counts the request sees all of it
 
     @_never_raises
     def request_refused(self, outcome: str) -> None:
