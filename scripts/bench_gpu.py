@@ -9,7 +9,9 @@ Part ``shapes`` (random weights, bf16): for SmolLM2-135M, Llama-1B and
 Llama-8B shapes, the time of one pass of n = 1..9 new tokens at a fixed
 context, eager (unpadded) vs graphs (rows padded to buckets, compiled layers in
 a CUDA graph; on CPU: compiled layers, no graph) vs exact mode (every pass
-``EXACT_ROWS`` rows, graphed on CUDA); the bandwidth floor (weight and KV bytes
+``EXACT_ROWS`` rows, graphed on CUDA); with ``--pieces`` also graphs over layers
+compiled as two pieces with the KV write between them (the layout before each
+layer became one compiled piece); the bandwidth floor (weight and KV bytes
 over the measured copy bandwidth); the draft cost ``c`` of the 135M shape
 against the 1B and 8B shapes; Leviathan's predicted speedup at acceptance
 0.6-0.9 from those figures. Part ``pair`` (the demo pair, target in bf16, INT8
@@ -106,15 +108,20 @@ def random_weights(name: str, layers: int | None, context: int, dtype: torch.dty
     return LlamaWeights(cfg, t, dtype, device, pack=pack)
 
 
-def variants(w: LlamaWeights, context: int, cuda: bool, plain: LlamaWeights) -> dict[str, LeanLlamaLM]:
+def variants(w: LlamaWeights, context: int, cuda: bool, plain: LlamaWeights, pieces: bool) -> dict[str, LeanLlamaLM]:
     """eager: unpadded passes. graphs: rows buckets, compiled layers (in a CUDA graph on CUDA), over
     ``plain`` (the same weights, no matrix packed for oneDNN: compiled layers cannot read packed ones).
+    pieces (asked for): graphs with each layer compiled as two pieces, the KV write between them.
     exact: every pass EXACT_ROWS rows (graphed on CUDA)."""
-    compiled: dict = {} if cuda else {"capture": lambda step, rows, window: step, "ops": LayerOps.compiled()}
+    def graphed(scope: str) -> LeanLlamaLM:
+        capture = {} if cuda else {"capture": lambda step, rows, window: step}
+        return LeanLlamaLM(plain, max_context=context, plan=ShapePlan(rows_buckets=GRAPH_ROWS), graphs=True,
+                           ops=LayerOps.compiled(scope), **capture)
+
     return {
         "eager": LeanLlamaLM(w, max_context=context),
-        "graphs": LeanLlamaLM(plain, max_context=context, plan=ShapePlan(rows_buckets=GRAPH_ROWS), graphs=True,
-                              **compiled),
+        "graphs": graphed("layer"),
+        **({"pieces": graphed("pieces")} if pieces else {}),
         "exact": LeanLlamaLM(w, max_context=context, plan=ShapePlan(exact_rows=EXACT_ROWS), graphs=cuda),
     }
 
@@ -161,7 +168,7 @@ def part_shapes(args: argparse.Namespace, device: str) -> dict:
         # a second, plain copy only where the CPU packs bf16 matrices (twice the memory there)
         plain = random_weights(name, args.layers, args.context + 32, torch.bfloat16, device, pack=False) \
             if w.packed else w
-        for mode, lm in variants(w, args.context + 32, cuda, plain).items():
+        for mode, lm in variants(w, args.context + 32, cuda, plain, args.pieces).items():
             say(f"[shapes] {name}: {mode}")
             t = step_times(lm, args.context, ns if mode != "exact" else [1, 6], args.reps, device)
             row[mode] = {n: s * 1e3 for n, s in t.items()}
@@ -170,9 +177,9 @@ def part_shapes(args: argparse.Namespace, device: str) -> dict:
         results["shapes"][name] = row
         print(f"\n{name} ({row['layers']} layers, {row['weight_bytes'] / 1e9:.2f} GB): floor {floor * 1e3:.3f} ms")
         print("  n (ms) " + "".join(f"{n:>9}" for n in ns))
-        for mode in ("eager", "graphs", "exact"):
+        for mode in [m for m in ("eager", "graphs", "pieces", "exact") if m in row]:
             print(f"  {mode:<7}" + "".join(f"{row[mode][n]:9.3f}" if n in row[mode] else " " * 9 for n in ns))
-        for mode in ("graphs", "exact"):
+        for mode in ("graphs", "pieces", "exact"):
             if mode + "_capture" in row:
                 cap = row[mode + "_capture"]
                 print(f"  {mode} captured {cap['graphs']} shapes in {cap['capture_s']:.1f} s, "
@@ -253,6 +260,8 @@ def main() -> int:
     ap.add_argument("--part", choices=["shapes", "pair", "all"], default="all")
     ap.add_argument("--shapes", default="135m,1b,8b", help="comma-separated, of " + ",".join(SHAPES))
     ap.add_argument("--layers", type=int, default=None, help="cut every shape to this many layers (shortened runs)")
+    ap.add_argument("--pieces", action="store_true",
+                    help="also time graphs with each layer compiled as two pieces (the KV write between them)")
     ap.add_argument("--context", type=int, default=512, help="cached tokens before the timed pass")
     ap.add_argument("--reps", type=int, default=30, help="timed passes per figure (median)")
     ap.add_argument("--prompts", type=int, default=12)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from trtspec.runtime.torch.lean import LeanLlamaLM
-from trtspec.runtime.torch.loader import load_model
+from trtspec.runtime.torch.llama import LayerOps, LlamaConfig, LlamaWeights
+from trtspec.runtime.torch.loader import load_model, read_config, read_tensors
 from trtspec.runtime.torch.shapes import EXACT_ROWS, GRAPH_ROWS, GraphCache, ShapePlan, Step
 
 
@@ -147,3 +149,38 @@ def test_sessions_take_turns_in_the_resident_cache(weights):
 def test_graphs_refuse_a_dynamic_plan(weights):
     with pytest.raises(AssertionError, match="static shapes"):
         LeanLlamaLM(weights, graphs=True, capture=Recorder())
+
+
+
+def compiled_lm(tiny_target, dtype: torch.dtype) -> LeanLlamaLM:
+    """What CUDA graphs run, compiled by inductor for this CPU (the capture stays the recorder)."""
+    cfg = LlamaConfig.from_hf(read_config(tiny_target))
+    plain = LlamaWeights(cfg, read_tensors(tiny_target), dtype, "cpu", pack=False)
+    return LeanLlamaLM(plain, plan=ShapePlan(exact_rows=EXACT_ROWS), graphs=True, capture=Recorder(),
+                       ops=LayerOps.compiled())
+
+
+def test_one_compiled_layer_serves_every_layer_and_writes_the_cache_in_place(tiny_target):
+    torch._dynamo.reset()
+    counters.clear()
+    lm = compiled_lm(tiny_target, torch.float32)
+    got = run(lm, STEPS[:3])
+    assert lm.cfg.num_layers > 1 and counters["stats"]["unique_graphs"] == 2  # the layer (all of them), the head
+    eager = LeanLlamaLM(lm.weights, plan=lm.plan)
+    s = eager.new_session()
+    ref = [s.forward(PROMPT, 1)]
+    for a, b in zip(got, ref + run(eager, STEPS[:3])[1:], strict=True):
+        torch.testing.assert_close(a, b)
+    n = len(PROMPT)
+    assert lm._static is not None
+    cached = lm._static.k[:, :, :n]
+    assert cached.abs().amax(dim=-1).gt(0).all()  # every layer, head and slot of the prompt written
+    torch.testing.assert_close(cached, s._cache.k[:, :, :n])
+
+
+def test_compiled_layers_keep_a_rows_bits_whichever_exact_pass_carries_it(tiny_target):
+    s = compiled_lm(tiny_target, torch.bfloat16).new_session()
+    s.forward(PROMPT, 0)
+    alone = s.forward([4], 1)[0]
+    s.truncate(len(PROMPT))
+    assert torch.equal(s.forward([4, 41, 42], 3)[0], alone)  # a decode row and a verify row

@@ -599,27 +599,49 @@ def _head(x: torch.Tensor, norm: torch.Tensor, lm_head: Weight, eps: float) -> t
     return _linear(_rms_norm(x, norm, eps), lm_head).float()
 
 
+def layer_of(qkv: Callable, attend_mlp: Callable) -> Callable:
+    """A whole layer from its two halves, with the KV write between them."""
+
+    def run_layer(x: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                  values: torch.Tensor, pos: torch.Tensor, window: int, mask: torch.Tensor | None,
+                  cfg: LlamaConfig) -> torch.Tensor:
+        """Write the K/V of rows ``pos`` into this layer's ``keys``/``values`` ``[nkv, capacity, hd]``
+        (in place), attend over slots ``0..window-1``."""
+        q, k, v = qkv(x, layer, cos, sin, cfg)
+        keys.index_copy_(1, pos, k.to(keys.dtype))
+        values.index_copy_(1, pos, v.to(values.dtype))
+        return attend_mlp(x, q, keys[:, :window], values[:, :window], mask, layer, cfg)
+
+    return run_layer
+
+
 @dataclass(frozen=True)
 class LayerOps:
     """The pieces :func:`forward` runs: eager functions, or the same ones through ``torch.compile``.
 
-    Compiled pieces are pure (the KV write stays outside them), so one
-    compilation serves every layer and captures into a CUDA graph as is.
+    Compiled, a layer is one piece with its KV write inside (``scope="layer"``:
+    inductor fuses the write into the RoPE kernel and writes the cache in place)
+    or, for comparison, two pure pieces with the write between them
+    (``"pieces"``). Either way a piece takes the layer's tensors as arguments,
+    so one compilation per shape serves every layer, and it captures into a
+    CUDA graph as is.
     """
 
-    qkv: Callable = _qkv
-    attend_mlp: Callable = _attend_mlp
+    layer: Callable = layer_of(_qkv, _attend_mlp)
     head: Callable = _head
 
     @classmethod
-    def compiled(cls) -> LayerOps:
+    def compiled(cls, scope: str = "layer") -> LayerOps:
+        if scope not in ("layer", "pieces"):
+            raise ValueError(f"compile scope {scope!r}: choose layer or pieces")
         # One compilation per (rows, window) and model shape: more than dynamo's default 8 per function.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
         def c(fn: Callable) -> Callable:
             return torch.compile(fn, fullgraph=True, dynamic=False)
 
-        return cls(qkv=c(_qkv), attend_mlp=c(_attend_mlp), head=c(_head))
+        layer = c(cls.layer) if scope == "layer" else layer_of(c(_qkv), c(_attend_mlp))
+        return cls(layer=layer, head=c(_head))
 
 
 EAGER = LayerOps()
@@ -653,10 +675,7 @@ def forward(
     cos = w.cos[pos]  # [R, head_dim]
     sin = w.sin[pos]
     for li, layer in enumerate(w.layers):
-        q, k, v = ops.qkv(x, layer, cos, sin, cfg)
-        cache.k[li].index_copy_(1, pos, k.to(cache.k.dtype))
-        cache.v[li].index_copy_(1, pos, v.to(cache.v.dtype))
-        x = ops.attend_mlp(x, q, cache.k[li, :, :window], cache.v[li, :, :window], mask, layer, cfg)
+        x = ops.layer(x, layer, cos, sin, cache.k[li], cache.v[li], pos, window, mask, cfg)
     if first_logit is None:
         return None
     return ops.head(x[first_logit:], w.norm, w.lm_head, cfg.rms_norm_eps)
