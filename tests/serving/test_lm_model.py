@@ -149,3 +149,23 @@ def test_return_argmax_answers_the_argmax_of_each_row_instead_of_the_rows(served
     assert ids.dtype == np.int64 and logits.shape == (0, model.store.lm.vocab_size)  # no rows cross
     assert ids.tolist() == reference(model, seq, 3).argmax(axis=-1).tolist()
     assert calls[1].outputs("argmax_ids")[0].size == 0 and calls[1].outputs("logits")[0].shape[0] == 3
+
+
+def test_the_memory_gauge_is_sent_only_when_the_caches_change(tiny_target, monkeypatch):
+    """Each metric call from a Python model is a round trip to the server: not one per execute."""
+    pb = FakeTriton()
+    model = pb.add_model("target", lm.TritonPythonModel(pb), lm_config("target", checkpoint=str(tiny_target)))
+    sink, sent = model._memory._sink, []
+    real = sink.set
+    monkeypatch.setattr(sink, "set", lambda spec, labels, value: (sent.append(value), real(spec, labels, value)))
+    weights = model.loaded.weight_bytes
+    run = lambda ids, n, **kw: pb.execute("target", [call(pb, "mem", ids, n, **kw)])[0]  # noqa: E731
+    run([3, 14, 15], 1)
+    grown = weights + model.store.cache_bytes()
+    assert grown > weights and sent == [grown]
+    for t in range(1, 5):  # decoding within the cache's capacity: the same bytes, nothing sent
+        assert run([3, 14, 15] + [7] * t, 1).error is None
+    assert sent == [grown]
+    run([], 0, release=True)
+    assert model.store.cache_bytes() == 0 and sent == [grown, weights]
+    pb.finalize()
