@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
+import time
 from collections import Counter
 
 import pytest
@@ -13,7 +15,7 @@ from trtspec.control import BreakerState, CircuitBreaker, FakeClock, Policy, Req
 from trtspec.control.config import BreakerConfig
 from trtspec.obs import metrics as M
 from trtspec.obs.recorder import SpecMetrics, TokenTimer
-from trtspec.obs.sinks import PrometheusClientSink, TritonMetricSink
+from trtspec.obs.sinks import PrometheusClientSink, QueuedSink, TritonMetricSink
 from trtspec.runtime.pair import ModelPair
 from trtspec.decoding import FixedDraftLength, GenerationRequest, StopCriteria
 from trtspec.decoding.types import IterationOutcome, SpecStats
@@ -349,3 +351,45 @@ def test_triton_sink_emulates_histograms_without_buckets_support() -> None:
     assert [series(f"{name}_bucket", le=le) for le in ("1", "2", "3", "4", "+Inf")] == [0, 1, 1, 2, 2]
     assert series(f"{name}_sum") == 6 and series(f"{name}_count") == 2
     assert series("trtspec_breaker_state", state="closed") == 1
+
+
+class _Slow(PrometheusClientSink):
+    """A sink whose calls wait for ``go`` (as a Triton metric call waits for the server), the first one failing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.calls: list[str] = []
+
+    def inc(self, spec, labels, value=1.0):
+        self.go.wait(5)
+        self.calls.append(spec.name)
+        if len(self.calls) == 1:
+            raise RuntimeError("the server refused it")
+        super().inc(spec, labels, value)
+
+    def observe(self, spec, labels, value):
+        self.calls.append(spec.name)
+        super().observe(spec, labels, value)
+
+
+def test_a_queued_sink_answers_at_once_and_sends_everything_in_order() -> None:
+    slow = _Slow()
+    queued = QueuedSink(slow)
+    metrics = SpecMetrics(queued, model=MODEL)
+    stats = SpecStats(emitted_tokens=3, time_to_first_token_s=0.5, total_time_s=0.9)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        metrics.request_started(True, "default")
+        metrics.iteration(_outcome(4, 2))
+        metrics.request_finished(stats, speculating=True)
+    assert time.perf_counter() - t0 < 1 and slow.calls == []  # the request's thread did not wait
+    slow.go.set()
+    assert queued.flush()
+    assert metrics.errors == 0  # the refused call was the queue's to log, not the request's to fail
+    assert slow.calls[-1] == M.REQUESTS.name and slow.calls.count(M.REQUESTS.name) == 3  # still counted last
+    assert slow.total("trtspec_requests_total") == 3 and slow.total("trtspec_drafted_tokens_total") == 12
+    assert slow.total("trtspec_route_decisions_total") == 2  # the first call (a route decision) was refused
+    queued.inc(M.BONUS_TOKENS, {"model": MODEL})
+    queued.close()
+    assert slow.total("trtspec_bonus_tokens_total") == 1  # closing sends what was queued

@@ -23,6 +23,7 @@ _EXPORTS = {
     "MetricSink": "trtspec.obs.sinks",
     "PrometheusClientSink": "trtspec.obs.sinks",
     "TritonMetricSink": "trtspec.obs.sinks",
+    "QueuedSink": "trtspec.obs.sinks",
     "RejectionTracer": "trtspec.obs.trace",
     "IterationProfiler": "trtspec.obs.profiling",
     "AlertConfig": "trtspec.obs.rules",

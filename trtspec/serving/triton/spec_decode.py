@@ -23,7 +23,7 @@ import torch
 from trtspec.decoding import GenerationResult, StreamChunk
 from trtspec.decoding.types import TopLogprobs
 from trtspec.errors import one_line
-from trtspec.obs import TritonMetricSink
+from trtspec.obs import QueuedSink, TritonMetricSink
 from trtspec.serving.request import Lookup
 from trtspec.serving.service import RequestService
 from trtspec.serving.triton import error_code, load_pb_utils, model_parameters
@@ -42,6 +42,7 @@ class TritonPythonModel:
         self.service: RequestService | None = None
         self.health: DeploymentHealth | None = None
         self.warmup_s: float | None = None
+        self._metrics: QueuedSink | None = None
 
     def initialize(self, args: dict) -> None:
         from trtspec.builder.manifest import check_served_engines
@@ -59,8 +60,9 @@ class TritonPythonModel:
         name = args.get("model_name") or SPEC_DECODE
         cfg = SpecDecodeParams.from_parameters(model_parameters(model_config), model_config.get("name") or name)
         check_served_engines(cfg.manifest_file, cfg.model_backend, cfg.manifest_check)
+        self._metrics = QueuedSink(TritonMetricSink(pb))  # each metric call is a round trip to the server
         service = self.service = RequestService(
-            cfg, Tokenizer.from_dir(cfg.tokenizer_dir), TritonMetricSink(pb), model=name, log=pb.Logger
+            cfg, Tokenizer.from_dir(cfg.tokenizer_dir), self._metrics, model=name, log=pb.Logger
         )
         # Every BLS call runs on a pool under a deadline: a worker's calls, a late call
         # left to finish, a draft release, a probe.
@@ -111,6 +113,8 @@ class TritonPythonModel:
             self.service.close()
         if self.health is not None:
             self.health.stop()
+        if self._metrics is not None:
+            self._metrics.close()
 
 
 class _Reply:
