@@ -239,7 +239,7 @@ class QueuedSink:
     """Another sink's calls, made in the order they came by one thread of its own.
 
     A metric call from a Python backend model is a round trip to the server
-    (40-90 us each on a 2-core EPYC) and ``spec_decode`` makes about 15 per
+    (40-90 us each on a 2-core EPYC) and ``spec_decode`` makes about 20 per
     speculative iteration: queued, they cost the request's thread a put. The order
     is kept, so what :class:`~trtspec.obs.recorder.SpecMetrics` records last for a
     request (its count) is still sent last. :meth:`flush` waits for what was queued.
