@@ -843,3 +843,19 @@ def test_a_proposer_that_stops_short_is_checked_for_what_it_sent():
     assert not any(out.stats.drafted_per_position[2:])  # k = 4 asked, 2 sent: 2 checked
     assert out.stats.drafted_tokens > draft.propose_calls  # mostly 2 per call (1 where the budget allowed 1)
     assert out.stats.accepted_tokens == out.stats.drafted_tokens  # the same table: every draft kept
+
+
+def test_capabilities_are_read_from_the_session_class_as_isinstance_reads_them():
+    from trtspec.decoding.protocols import ArgmaxForward, DraftProposer, DraftVerifier, has_capability
+    from trtspec.runtime.torch.lean import LeanSession
+    from trtspec.serving.guard import GuardedSession, GuardedVerifyingSession
+    from trtspec.serving.triton.bls import BLSSession
+
+    classes = [LeanSession, GuardedSession, GuardedVerifyingSession, BLSSession, SessionWrapper]
+    for cls in classes:
+        session = object.__new__(cls)  # the class decides, not what __init__ would set
+        for capability in (ArgmaxForward, DraftProposer, DraftVerifier):
+            assert has_capability(session, capability) == isinstance(session, capability), (cls, capability)
+    assert has_capability(object.__new__(LeanSession), ArgmaxForward)
+    assert not has_capability(object.__new__(SessionWrapper), DraftProposer)
+    assert has_capability(object.__new__(GuardedVerifyingSession), DraftVerifier)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from trtspec.decoding.acceptance import draw_at, sample, warp_probs
-from trtspec.decoding.protocols import DraftProposer, LanguageModel, LMSession, argmax_ids
+from trtspec.decoding.protocols import DraftProposer, LanguageModel, LMSession, argmax_ids, has_capability
 from trtspec.decoding.types import LogitRules, Proposal, SamplingParams
 
 
@@ -95,7 +95,7 @@ def propose(
 ) -> Proposal:
     """Draft with the session's own one-call :class:`DraftProposer` when it has one (it holds the
     whole sequence; ``text`` is that sequence, for drafting here)."""
-    if isinstance(session, DraftProposer):
+    if has_capability(session, DraftProposer):
         seed = None
         if not sampling.greedy:  # the remote side samples from a generator seeded from ours
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))

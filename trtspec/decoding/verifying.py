@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from trtspec.decoding.acceptance import greedy_accept, match_draws, rejection_sample, warp_probs
-from trtspec.decoding.protocols import DraftVerifier, LMSession, argmax_ids
+from trtspec.decoding.protocols import DraftVerifier, LMSession, argmax_ids, has_capability
 from trtspec.decoding.types import LogitRules, Proposal, SamplingParams, TopLogprobs
 from trtspec.errors import InvalidRequestError
 
@@ -69,7 +69,7 @@ def verify(
     """
     drafted = list(proposal.tokens)
     k = len(drafted)
-    if isinstance(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
+    if has_capability(session, DraftVerifier):  # the target decides; it answers the accepted drafts and one token
         if rules is not None or logprobs:
             raise InvalidRequestError("min_tokens, bad_words, the penalties and log-probabilities need the "
                                       "target's logits; this target decides acceptance in its engine (TensorRT-LLM)")

@@ -34,7 +34,9 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from trtspec.decoding.drafting import propose_locally
-from trtspec.decoding.protocols import ArgmaxForward, DraftProposer, DraftVerifier, LanguageModel, LMSession
+from trtspec.decoding.protocols import (
+    ArgmaxForward, DraftProposer, DraftVerifier, LanguageModel, LMSession, has_capability,
+)
 from trtspec.decoding.types import Proposal, SamplingParams
 from trtspec.decoding.wrapping import ModelWrapper, SessionWrapper
 from trtspec.serving.deadline import Work
@@ -112,8 +114,8 @@ class GuardedModel(ModelWrapper):
 
     def new_session(self, session_id: str = "") -> GuardedSession:
         inner = self.inner.new_session(session_id)
-        # A verifying target stays one (the loop asks ``isinstance(session, DraftVerifier)``).
-        cls = GuardedVerifyingSession if isinstance(inner, DraftVerifier) else GuardedSession
+        # A verifying target stays one (the loop asks ``has_capability(session, DraftVerifier)``).
+        cls = GuardedVerifyingSession if has_capability(inner, DraftVerifier) else GuardedSession
         return cls(inner, self)
 
     def call(self, fn: Callable[[], T], k: int = 0, tokens: int = 1) -> T:
@@ -227,7 +229,7 @@ class GuardedSession(SessionWrapper):
 
     def forward_argmax(self, token_ids: Sequence[int], num_logits: int) -> list[int]:
         """The inner session's ``forward_argmax`` where it has one, else ``forward`` and argmax here."""
-        if isinstance(self.inner, ArgmaxForward):
+        if has_capability(self.inner, ArgmaxForward):
             inner: Any = self.inner
             last = self._prefill(token_ids, num_logits)
             return self._owner.call(lambda: inner.forward_argmax(last, num_logits), tokens=len(last))
@@ -248,7 +250,7 @@ class GuardedSession(SessionWrapper):
 
     def propose(self, token_ids: Sequence[int], k: int, sampling: SamplingParams, seed: int | None,
                 text: Sequence[int] = ()) -> Proposal:
-        if isinstance(self.inner, DraftProposer):
+        if has_capability(self.inner, DraftProposer):
             inner: Any = self.inner
             return self._owner.call(lambda: inner.propose(token_ids, k, sampling, seed, text), k=k,
                                     tokens=len(token_ids) + k)
