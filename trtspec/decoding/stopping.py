@@ -8,8 +8,38 @@ a stop string is held back until it is known not to be.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from trtspec.decoding.protocols import Detokenizer
 from trtspec.decoding.types import FinishReason, StopCriteria
+
+REDECODED = 6  # tokens before the new ones decoded again: room for a decoder's joins (a space, a split character)
+
+
+class IncrementalText:
+    """``detokenizer.decode(ids)`` of a token list that only grows, without decoding all of it each time.
+
+    Decoding the whole output at every iteration costs O(n) (0.45 ms at 2,048 tokens with the demo's
+    tokenizer on a 2-core EPYC; once per offered token with stop strings), so a long request paid O(n^2).
+    The text of the first ``settled`` tokens is kept; a call decodes from :data:`REDECODED` tokens before
+    them to the end, and to ``settled``, and appends what the first adds to the second. Where the first
+    does not start with the second (a decoder joining across the boundary) it decodes everything, as
+    before. The settled point moves only to a text that does not end in an incomplete character.
+    """
+
+    def __init__(self, detokenizer: Detokenizer) -> None:
+        self._detok = detokenizer
+        self._settled = 0
+        self._settled_text = ""
+
+    def of(self, ids: Sequence[int]) -> str:
+        start = max(0, self._settled - REDECODED)
+        head = self._detok.decode(ids[start : self._settled]) if start < self._settled else ""
+        tail = self._detok.decode(ids[start:])
+        text = self._settled_text + tail[len(head) :] if tail.startswith(head) else self._detok.decode(ids)
+        if not text.endswith("\ufffd"):
+            self._settled, self._settled_text = len(ids), text
+        return text
 
 
 class StopChecker:
@@ -19,7 +49,7 @@ class StopChecker:
         if criteria.stop_strings and detokenizer is None:
             raise ValueError("stop strings need a detokenizer")
         self._criteria = criteria
-        self._detok = detokenizer
+        self._text_of = IncrementalText(detokenizer).of if detokenizer is not None else None
         self._ids: list[int] = []
         self._text = ""  # decoded text of _ids, cut at a stop string if one matched
         self._streamed = 0  # characters of _text already handed out
@@ -53,7 +83,7 @@ class StopChecker:
             self.finish_reason = reason
 
     def _decode(self) -> str:
-        return self._detok.decode(self._ids) if self._detok is not None else ""
+        return self._text_of(self._ids) if self._text_of is not None else ""
 
     def _match_stop_string(self) -> bool:
         text = self._decode()
