@@ -71,3 +71,5 @@ def test_a_long_output_decodes_a_few_tokens_per_step_not_all_of_them():
         ids.append(t)
         assert inc.of(ids).endswith(f"<{t}>")
     assert d.decoded < 20 * 2000  # decoding all of it each step: 2,001,000 tokens
+    before = d.decoded
+    assert inc.of(ids) == d.decode(ids) and d.decoded == before + len(ids)  # asked again: nothing decoded

@@ -33,6 +33,8 @@ class IncrementalText:
         self._settled_text = ""
 
     def of(self, ids: Sequence[int]) -> str:
+        if len(ids) == self._settled:  # asked again (the stop-string check, then the stream)
+            return self._settled_text
         start = max(0, self._settled - REDECODED)
         head = self._detok.decode(ids[start : self._settled]) if start < self._settled else ""
         tail = self._detok.decode(ids[start:])
